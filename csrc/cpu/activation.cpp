@@ -1,0 +1,31 @@
+// silu_and_mul on the CPU: out = silu(gate) * up in one pass over [num_tokens, 2 * d].
+#include "core/checks.h"
+#include "cpu/vec.h"
+#include "ops.h"
+
+namespace vllm_cpu {
+
+void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
+  vllm::check_silu_and_mul_args(out, input);
+  const int64_t d = out.size(-1);
+  const int64_t num_tokens = out.numel() / std::max<int64_t>(d, 1);
+  VLLM_CPU_DISPATCH_FLOAT_TYPES(input.scalar_type(), "silu_and_mul", [&] {
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const scalar_t* x = input.data_ptr<scalar_t>();
+    const fVec one(1.f);
+    at::parallel_for(0, num_tokens, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const scalar_t* gate = x + t * 2 * d;
+        const scalar_t* up = gate + d;
+        for_each_vec(d, [&](int64_t i, int w) {
+          fVec g = load_any(gate + i, w);
+          // silu is rounded to T before the product, as torch's silu(gate) * up is.
+          fVec silu = round_to<scalar_t>(g / (one + g.neg().exp()));
+          store_any(o + t * d + i, silu * load_any(up + i, w), w);
+        });
+      }
+    });
+  });
+}
+
+}  // namespace vllm_cpu

@@ -1,0 +1,194 @@
+// paged_attention on the CPU: each task is (sequence, kv head, chunk of query tokens); it reads
+// each cached K and V row once for all the query heads of its GQA group (softmax(q k^T) v).
+#include <limits>
+#include <vector>
+
+#include "core/checks.h"
+#include "cpu/vec.h"
+#include "ops.h"
+
+namespace vllm_cpu {
+namespace {
+
+// Query rows handled per task, so scores stay within [kMaxRows, context_len] floats.
+constexpr int64_t kMaxRows = 64;
+
+struct Task {
+  int64_t seq, kv_head, q_begin, q_end;  // query tokens [q_begin, q_end) of sequence seq
+};
+
+template <typename T, int HEAD_SIZE>
+struct AttentionTask {
+  static constexpr int kVecs = HEAD_SIZE / kVecSize;
+  static_assert(HEAD_SIZE % kVecSize == 0, "head size must be a multiple of the vector width");
+
+  const T* query;          // [num_tokens, num_heads, HEAD_SIZE]
+  const T* key_cache;      // [num_blocks, num_kv_heads, block_size, HEAD_SIZE]
+  const T* value_cache;    // same
+  const int* block_table;  // this sequence's row of block_tables
+  T* out;                  // [num_tokens, num_heads, HEAD_SIZE]
+  int64_t num_heads, num_kv_heads, block_size;
+  float scale;
+
+  const T* cache_row(const T* cache, int64_t kv_head, int64_t pos) const {
+    const int64_t block = block_table[pos / block_size];
+    return cache + ((block * num_kv_heads + kv_head) * block_size + pos % block_size) * HEAD_SIZE;
+  }
+
+  // Rows r = (token i, group member g) -> head kv_head * group + g; row r of a token sees keys
+  // [0, visible(i)) where visible(i) = context_len - q_len + i + 1 (causal among the new tokens).
+  void run(const Task& task, int64_t q_start, int64_t q_len, int64_t context_len,
+           std::vector<float>& q_rows, std::vector<float>& scores, std::vector<float>& acc) const {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t num_tok = task.q_end - task.q_begin, rows = num_tok * group;
+    const int64_t first_visible = context_len - q_len + task.q_begin + 1;
+    const int64_t max_visible = first_visible + num_tok - 1;
+    q_rows.resize(rows * HEAD_SIZE);  // scaled queries in fp32
+    scores.resize(rows * max_visible);
+    acc.assign(rows * HEAD_SIZE, 0.f);
+    for (int64_t i = 0; i < num_tok; ++i) {
+      for (int64_t g = 0; g < group; ++g) {
+        const T* q = query + ((q_start + task.q_begin + i) * num_heads + task.kv_head * group + g) *
+                                 HEAD_SIZE;
+        float* dst = q_rows.data() + (i * group + g) * HEAD_SIZE;
+        for (int v = 0; v < kVecs; ++v) (load_float(q + v * kVecSize) * fVec(scale)).store(dst + v * kVecSize);
+      }
+    }
+    // scores[r, j] = q_r . k_j for every visible j; each K row is loaded once.
+    for (int64_t j = 0; j < max_visible; ++j) {
+      const T* k = cache_row(key_cache, task.kv_head, j);
+      fVec kv[kVecs];
+      for (int v = 0; v < kVecs; ++v) kv[v] = load_float(k + v * kVecSize);
+      const int64_t first_row = j < first_visible ? 0 : (j - first_visible + 1) * group;
+      for (int64_t r = first_row; r < rows; ++r) {
+        const float* q = q_rows.data() + r * HEAD_SIZE;
+        fVec dot = fVec::loadu(q) * kv[0];
+        for (int v = 1; v < kVecs; ++v) dot = at::vec::fmadd(fVec::loadu(q + v * kVecSize), kv[v], dot);
+        scores[r * max_visible + j] = at::vec::vec_reduce_all<float>(
+            [](const fVec& a, const fVec& b) { return a + b; }, dot);
+      }
+    }
+    // softmax over each row's visible prefix; acc keeps the unnormalised weighted sum.
+    std::vector<float> inv_sum(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* s = scores.data() + r * max_visible;
+      const int64_t n = first_visible + r / group;
+      float max_score = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < n; ++j) max_score = std::max(max_score, s[j]);
+      fVec sum(0.f);
+      const fVec m(max_score);
+      for_each_vec(n, [&](int64_t j, int w) {
+        fVec e = (load_any(s + j, w) - m).exp();
+        if (w < kVecSize) e = fVec::set(fVec(0.f), e, w);
+        store_any(s + j, e, w);
+        sum = sum + e;
+      });
+      inv_sum[r] = 1.f / at::vec::vec_reduce_all<float>(
+                             [](const fVec& a, const fVec& b) { return a + b; }, sum);
+    }
+    // acc[r] += p[r, j] * v_j; each V row is loaded once.
+    for (int64_t j = 0; j < max_visible; ++j) {
+      const T* v_row = cache_row(value_cache, task.kv_head, j);
+      fVec vv[kVecs];
+      for (int v = 0; v < kVecs; ++v) vv[v] = load_float(v_row + v * kVecSize);
+      const int64_t first_row = j < first_visible ? 0 : (j - first_visible + 1) * group;
+      for (int64_t r = first_row; r < rows; ++r) {
+        const fVec p(scores[r * max_visible + j]);
+        float* a = acc.data() + r * HEAD_SIZE;
+        for (int v = 0; v < kVecs; ++v) {
+          at::vec::fmadd(p, vv[v], fVec::loadu(a + v * kVecSize)).store(a + v * kVecSize);
+        }
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = r / group, g = r % group;
+      T* o = out + ((q_start + task.q_begin + i) * num_heads + task.kv_head * group + g) * HEAD_SIZE;
+      const fVec inv(inv_sum[r]);
+      for (int v = 0; v < kVecs; ++v) {
+        store_float(o + v * kVecSize, fVec::loadu(acc.data() + r * HEAD_SIZE + v * kVecSize) * inv);
+      }
+    }
+  }
+};
+
+template <typename T, int HEAD_SIZE>
+void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+            const at::Tensor& value_cache, const at::Tensor& block_tables,
+            const at::Tensor& context_lens, const at::Tensor& query_start_loc, double scale) {
+  const int64_t num_seqs = context_lens.size(0);
+  const int64_t num_heads = query.size(1), num_kv_heads = key_cache.size(1);
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t max_tokens_per_task = std::max<int64_t>(1, kMaxRows / group);
+  const int* ctx = context_lens.data_ptr<int>();
+  const int* qsl = query_start_loc.data_ptr<int>();
+  const int64_t max_blocks = block_tables.size(1), block_size = key_cache.size(2);
+  std::vector<Task> tasks;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = qsl[s + 1] - qsl[s];
+    TORCH_CHECK(q_len >= 0 && qsl[s + 1] <= query.size(0), "query_start_loc is not a valid ",
+                "non-decreasing offset list into query's ", query.size(0), " tokens at sequence ", s);
+    TORCH_CHECK(ctx[s] >= q_len && ctx[s] <= max_blocks * block_size, "context_lens[", s, "] = ",
+                ctx[s], " must cover the sequence's ", q_len, " query tokens and fit its ",
+                max_blocks, " block-table entries of ", block_size, " tokens");
+    for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
+      for (int64_t b = 0; b < q_len; b += max_tokens_per_task) {
+        tasks.push_back({s, kvh, b, std::min(q_len, b + max_tokens_per_task)});
+      }
+    }
+  }
+  AttentionTask<T, HEAD_SIZE> kernel{query.data_ptr<T>(), key_cache.data_ptr<T>(),
+                                     value_cache.data_ptr<T>(), nullptr, out.data_ptr<T>(),
+                                     num_heads, num_kv_heads, block_size,
+                                     static_cast<float>(scale)};
+  const int* tables = block_tables.data_ptr<int>();
+  at::parallel_for(0, tasks.size(), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> q_rows, scores, acc;
+    auto local = kernel;
+    for (int64_t i = begin; i < end; ++i) {
+      const Task& task = tasks[i];
+      local.block_table = tables + task.seq * max_blocks;
+      local.run(task, qsl[task.seq], qsl[task.seq + 1] - qsl[task.seq], ctx[task.seq], q_rows,
+                scores, acc);
+    }
+  });
+}
+
+template <typename T>
+void launch_for_head_size(int64_t head_size, at::Tensor& out, const at::Tensor& query,
+                          const at::Tensor& key_cache, const at::Tensor& value_cache,
+                          const at::Tensor& block_tables, const at::Tensor& context_lens,
+                          const at::Tensor& query_start_loc, double scale) {
+  switch (head_size) {
+#define VLLM_CASE(D)                                                                          \
+  case D:                                                                                     \
+    return launch<T, D>(out, query, key_cache, value_cache, block_tables, context_lens,       \
+                        query_start_loc, scale);
+    VLLM_CASE(32)
+    VLLM_CASE(64)
+    VLLM_CASE(80)
+    VLLM_CASE(96)
+    VLLM_CASE(128)
+    VLLM_CASE(256)
+#undef VLLM_CASE
+    default:
+      TORCH_CHECK(false, "paged_attention supports head sizes 32, 64, 80, 96, 128 and 256, got ",
+                  head_size);
+  }
+}
+
+}  // namespace
+
+void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                     const at::Tensor& value_cache, const at::Tensor& block_tables,
+                     const at::Tensor& context_lens, const at::Tensor& query_start_loc,
+                     int64_t max_context_len, double scale) {
+  vllm::check_paged_attention_args(out, query, key_cache, value_cache, block_tables, context_lens,
+                                   query_start_loc);
+  (void)max_context_len;  // the CPU reads context_lens directly
+  VLLM_CPU_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {
+    launch_for_head_size<scalar_t>(query.size(2), out, query, key_cache, value_cache,
+                                   block_tables, context_lens, query_start_loc, scale);
+  });
+}
+
+}  // namespace vllm_cpu

@@ -1,0 +1,46 @@
+// Every exported kernel signature. Each device has its own namespace (vllm_cpu, vllm_cuda) so the
+// symbols stay distinct; torch_bindings.cpp registers both under one schema per op.
+#pragma once
+
+#include <torch/all.h>
+
+#include <vector>
+
+#define VLLM_KERNEL_DECLARATIONS                                                                 \
+  /* out[t] = input[t] / rms(input[t]) * weight; input/out [num_tokens, hidden] */               \
+  void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,             \
+                double epsilon);                                                                 \
+  /* residual += input; input = rms_norm(residual) * weight (both in place) */                   \
+  void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight,    \
+                          double epsilon);                                                       \
+  /* input [num_tokens, 2 * d] -> out [num_tokens, d] = silu(input[:, :d]) * input[:, d:] */     \
+  void silu_and_mul(at::Tensor& out, const at::Tensor& input);                                   \
+  /* rotates query [num_tokens, num_heads * head_size] and key [num_tokens, num_kv_heads *       \
+     head_size] in place at positions [num_tokens]; cos_sin_cache [max_pos, rot_dim] holds cos   \
+     in its first half and sin in its second; neox rotates halves, gpt-j interleaved pairs */    \
+  void rotary_embedding(const at::Tensor& positions, at::Tensor& query, at::Tensor& key,         \
+                        int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox);       \
+  /* key/value [num_tokens, num_kv_heads, head_size] -> caches [num_blocks, num_kv_heads,        \
+     block_size, head_size] at slot_mapping [num_tokens] (block * block_size + offset; <0 skips) */ \
+  void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,  \
+                         at::Tensor& value_cache, const at::Tensor& slot_mapping);               \
+  /* for each layer, copies cache block src -> dst for each row of block_mapping [n, 2] */       \
+  void copy_blocks(const std::vector<at::Tensor>& key_caches,                                    \
+                   const std::vector<at::Tensor>& value_caches, const at::Tensor& block_mapping); \
+  /* out/query [num_tokens, num_heads, head_size]; sequence s owns query rows                    \
+     query_start_loc[s]..query_start_loc[s+1] (its newest tokens, already in the cache) and      \
+     attends causally over its context_lens[s] cached tokens through block_tables[s] */          \
+  void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,    \
+                       const at::Tensor& value_cache, const at::Tensor& block_tables,            \
+                       const at::Tensor& context_lens, const at::Tensor& query_start_loc,        \
+                       int64_t max_context_len, double scale);
+
+namespace vllm_cpu {
+VLLM_KERNEL_DECLARATIONS
+}  // namespace vllm_cpu
+
+#ifdef VLLM_WITH_CUDA
+namespace vllm_cuda {
+VLLM_KERNEL_DECLARATIONS
+}  // namespace vllm_cuda
+#endif

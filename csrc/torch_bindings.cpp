@@ -1,0 +1,40 @@
+// THE op table: each schema is defined once; the CPU kernel and (in CUDA builds) the CUDA kernel
+// are registered under the same name, and PyTorch's dispatcher picks one by the tensors' device.
+#include "core/registration.h"
+#include "ops.h"
+
+TORCH_LIBRARY(_C, m) {
+  m.def("rms_norm(Tensor! out, Tensor input, Tensor weight, float epsilon) -> ()");
+  m.def("fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor weight, float epsilon) -> ()");
+  m.def("silu_and_mul(Tensor! out, Tensor input) -> ()");
+  m.def(
+      "rotary_embedding(Tensor positions, Tensor! query, Tensor! key, int head_size, "
+      "Tensor cos_sin_cache, bool is_neox) -> ()");
+  m.def(
+      "reshape_and_cache(Tensor key, Tensor value, Tensor! key_cache, Tensor! value_cache, "
+      "Tensor slot_mapping) -> ()");
+  m.def(
+      "copy_blocks(Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, Tensor block_mapping) "
+      "-> ()");
+  m.def(
+      "paged_attention(Tensor! out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_tables, Tensor context_lens, Tensor query_start_loc, int max_context_len, "
+      "float scale) -> ()");
+}
+
+#define VLLM_REGISTER_KERNELS(m, ns)                          \
+  m.impl("rms_norm", &ns::rms_norm);                          \
+  m.impl("fused_add_rms_norm", &ns::fused_add_rms_norm);      \
+  m.impl("silu_and_mul", &ns::silu_and_mul);                  \
+  m.impl("rotary_embedding", &ns::rotary_embedding);          \
+  m.impl("reshape_and_cache", &ns::reshape_and_cache);        \
+  m.impl("copy_blocks", &ns::copy_blocks);                    \
+  m.impl("paged_attention", &ns::paged_attention)
+
+TORCH_LIBRARY_IMPL(_C, CPU, m) { VLLM_REGISTER_KERNELS(m, vllm_cpu); }
+
+#ifdef VLLM_WITH_CUDA
+TORCH_LIBRARY_IMPL(_C, CUDA, m) { VLLM_REGISTER_KERNELS(m, vllm_cuda); }
+#endif
+
+REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -1,0 +1,98 @@
+"""paged_attention against paged_attention_native: decode (q_len 1), speculative verification
+(q_len k + 1) and prefill (q_len = context), GQA, partial last blocks, shuffled block tables."""
+import math
+
+import pytest
+import torch
+
+from tests.utils import DEVICES, DTYPES, assert_close
+from vllm import _custom_ops as ops
+from vllm.model_executor.attention.paged_attention import (paged_attention_native,
+                                                            reshape_and_cache_native)
+
+
+def make_batch(context_lens, q_lens, num_heads, num_kv_heads, head_size, block_size, dtype,
+               device):
+    """Random caches holding each sequence's context and the matching metadata."""
+    max_blocks = max(math.ceil(c / block_size) for c in context_lens)
+    num_blocks = sum(math.ceil(c / block_size) for c in context_lens) + 3
+    shape = (num_blocks, num_kv_heads, block_size, head_size)
+    key_cache = torch.randn(shape, dtype=dtype, device=device)
+    value_cache = torch.randn(shape, dtype=dtype, device=device)
+    # each sequence gets distinct blocks in shuffled order; unused table entries point anywhere
+    perm = torch.randperm(num_blocks).tolist()
+    block_tables = torch.randint(0, num_blocks, (len(context_lens), max_blocks), dtype=torch.int32)
+    for s, ctx in enumerate(context_lens):
+        n = math.ceil(ctx / block_size)
+        block_tables[s, :n] = torch.tensor(perm[:n], dtype=torch.int32)
+        perm = perm[n:]
+    query_start_loc = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    query = torch.randn(sum(q_lens), num_heads, head_size, dtype=dtype, device=device)
+    return (query, key_cache, value_cache, block_tables.to(device),
+            torch.tensor(context_lens, dtype=torch.int32, device=device),
+            query_start_loc.to(device))
+
+
+def run_and_compare(context_lens, q_lens, num_heads, num_kv_heads, head_size, block_size,
+                    device):
+    for dtype in DTYPES[device]:
+        batch = make_batch(context_lens, q_lens, num_heads, num_kv_heads, head_size, block_size,
+                           dtype, device)
+        scale = head_size**-0.5
+        ref = paged_attention_native(*batch, scale)
+        out = torch.full_like(batch[0], float("nan"))
+        ops.paged_attention(out, *batch, max(context_lens), scale)
+        assert_close("paged_attention", out, ref, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_size", [64, 80, 96, 128])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 8), (12, 2), (14, 2)])
+def test_paged_attention_decode(device, head_size, block_size, num_heads, num_kv_heads):
+    run_and_compare([1, 17, 64, 300, 33], [1] * 5, num_heads, num_kv_heads, head_size,
+                    block_size, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_size", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_paged_attention_verify(device, head_size, block_size, k):
+    """k drafts + the last accepted token scored at once, causal among themselves."""
+    context_lens = [k + 1, 40, 129, 517]
+    run_and_compare(context_lens, [k + 1] * 4, 16, 4, head_size, block_size, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_attention_mixed_prefill_and_decode(device):
+    """Variable q_len per sequence, including a whole-prompt prefill and an empty sequence."""
+    run_and_compare([50, 7, 200, 90, 3], [50, 1, 9, 0, 3], 8, 2, 64, 16, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_attention_long_context(device):
+    run_and_compare([4096 + 5, 2000], [1, 3], 32, 8, 128, 16, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_write_then_attend(device):
+    """reshape_and_cache followed by paged_attention equals dense causal attention."""
+    num_tokens, num_heads, head_size, block_size = 21, 4, 64, 16
+    q = torch.randn(num_tokens, num_heads, head_size, device=device)
+    k = torch.randn(num_tokens, num_heads, head_size, device=device)
+    v = torch.randn(num_tokens, num_heads, head_size, device=device)
+    cache_shape = (4, num_heads, block_size, head_size)
+    kc, vc = torch.zeros(cache_shape, device=device), torch.zeros(cache_shape, device=device)
+    block_table = torch.tensor([[3, 1]], dtype=torch.int32, device=device)
+    slots = torch.tensor([int(block_table[0, t // block_size]) * block_size + t % block_size
+                          for t in range(num_tokens)], device=device)
+    ops.reshape_and_cache(k, v, kc, vc, slots)
+    out = torch.empty_like(q)
+    ops.paged_attention(out, q, kc, vc, block_table,
+                        torch.tensor([num_tokens], dtype=torch.int32, device=device),
+                        torch.tensor([0, num_tokens], dtype=torch.int32, device=device),
+                        num_tokens, head_size**-0.5)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True).transpose(0, 1)
+    assert_close("paged_attention", out, ref, torch.float32)

@@ -1,0 +1,42 @@
+"""Test helpers: the devices to run on, their dtypes, tolerances, and error recording."""
+import collections
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+
+# Every kernel test runs on the CPU; the CUDA half carries the `cuda` marker and is skipped
+# where there is no GPU.
+DEVICES = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("cuda", id="cuda",
+                 marks=[pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")]),
+]
+
+# dtypes each device's kernels support
+DTYPES = {
+    "cpu": (torch.float32, torch.bfloat16),
+    "cuda": (torch.float32, torch.float16, torch.bfloat16),
+}
+
+# allowed relative error ||out - ref|| / ||ref|| against the fp32 reference, per dtype
+REL_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+# (op, device, dtype) -> the largest relative error seen; conftest prints it at the end
+ERRORS: dict = collections.defaultdict(float)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double().cpu(), ref.double().cpu()
+    assert torch.isfinite(out).all(), "output has NaN or inf"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def assert_close(op: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
+                 tol_scale: float = 1.0) -> None:
+    """Checks the relative error against the dtype's tolerance and records it for the report."""
+    err = relative_error(out, ref)
+    key = (op, str(out.device.type), str(dtype).replace("torch.", ""))
+    ERRORS[key] = max(ERRORS[key], err)
+    assert err <= REL_TOL[dtype] * tol_scale, f"{op}: relative error {err:.2e} on {key}"

@@ -1,0 +1,84 @@
+"""Typed wrappers over the ops of vllm._C (csrc/torch_bindings.cpp). PyTorch's dispatcher runs
+the CPU or the CUDA kernel by the tensors' device; `has_kernel` says whether one exists."""
+import functools
+
+import torch
+
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+try:
+    import vllm._C as _C  # registers torch.ops._C.*
+except ImportError as e:  # a source tree that was never built
+    _C = None
+    logger.warning("vllm._C is not built (%s); layers fall back to plain torch", e)
+
+_DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
+            "reshape_and_cache", "copy_blocks", "paged_attention")
+
+
+@functools.lru_cache(maxsize=None)
+def has_kernel(op_name: str, device_type: str) -> bool:
+    """True when vllm._C registered a kernel for `op_name` on `device_type` ('cpu', 'cuda')."""
+    key = _DISPATCH_KEYS.get(device_type)
+    if _C is None or key is None:
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"_C::{op_name}", key)
+
+
+def kernel_devices(op_name: str) -> list[str]:
+    return [d for d in _DISPATCH_KEYS if has_kernel(op_name, d)]
+
+
+def _call(op_name: str, device: torch.device, *args) -> None:
+    if _C is None:
+        raise RuntimeError(f"vllm._C::{op_name} is unavailable: the extension is not built "
+                           "(pip install --no-build-isolation -e .)")
+    try:
+        getattr(torch.ops._C, op_name)(*args)
+    except NotImplementedError as e:
+        if has_kernel(op_name, device.type):
+            raise
+        raise NotImplementedError(
+            f"vllm._C::{op_name} has no kernel for device '{device.type}'; this build supports: "
+            f"{', '.join(kernel_devices(op_name)) or 'none'}") from e
+
+
+def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+             epsilon: float) -> None:
+    _call("rms_norm", input.device, out, input, weight, epsilon)
+
+
+def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       epsilon: float) -> None:
+    _call("fused_add_rms_norm", input.device, input, residual, weight, epsilon)
+
+
+def silu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    _call("silu_and_mul", input.device, out, input)
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                     head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    _call("rotary_embedding", query.device, positions, query, key, head_size, cos_sin_cache,
+          is_neox)
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    _call("reshape_and_cache", key.device, key, value, key_cache, value_cache, slot_mapping)
+
+
+def copy_blocks(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],
+                block_mapping: torch.Tensor) -> None:
+    _call("copy_blocks", block_mapping.device, key_caches, value_caches, block_mapping)
+
+
+def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+                    value_cache: torch.Tensor, block_tables: torch.Tensor,
+                    context_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                    max_context_len: int, scale: float) -> None:
+    _call("paged_attention", query.device, out, query, key_cache, value_cache, block_tables,
+          context_lens, query_start_loc, max_context_len, scale)

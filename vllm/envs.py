@@ -1,0 +1,31 @@
+"""Every environment variable the project reads, in one place, read when asked (never cached at
+import, so tests and launchers can set them late)."""
+import os
+from typing import Any, Callable
+
+# name -> (parser, default, description)
+_VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
+    "VLLM_TARGET_DEVICE": (str.lower, "auto",
+                           "build: auto, cpu or cuda kernels in vllm._C (setup.py)"),
+    "VLLM_CPU_ISA": (str.lower, "auto", "build: auto, avx512, avx2 or scalar CPU kernels"),
+    "VLLM_CPU_KVCACHE_SPACE": (float, 4.0, "GiB of host memory for a CPU KV cache"),
+    "VLLM_CPU_NUM_THREADS": (int, 0, "threads for CPU work; 0 keeps torch's default"),
+    "VLLM_LOGGING_LEVEL": (str.upper, "INFO", "log level of the vllm logger"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _VARIABLES:
+        raise AttributeError(f"vllm.envs has no variable {name!r}")
+    parse, default, _ = _VARIABLES[name]
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return parse(raw)
+    except ValueError as e:
+        raise ValueError(f"environment variable {name}={raw!r} is invalid: {e}") from e
+
+
+def __dir__() -> list[str]:
+    return list(_VARIABLES)
