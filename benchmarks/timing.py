@@ -1,0 +1,57 @@
+"""Timing and floor helpers shared by the benchmarks: median/min/max of repeated runs (device
+events on CUDA), the memory bandwidth measured in the same run, and the run's provenance."""
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable
+
+import torch
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn: Callable[[], object], device: str, warmup: int = 3,
+            iters: int = 20) -> dict[str, float]:
+    """Median, min and max milliseconds of fn over iters runs after warmup runs."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(iters):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return {"median": statistics.median(times), "min": min(times), "max": max(times)}
+
+
+def copy_bandwidth_gbps(device: str, nbytes: int) -> float:
+    """Bytes read plus bytes written per second by a large same-device copy, in GB/s."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    t = time_ms(lambda: dst.copy_(src), device, warmup=2, iters=10)["median"]
+    return 2 * nbytes / (t * 1e-3) / 1e9
+
+
+def provenance() -> dict[str, str]:
+    try:
+        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
+                                         text=True, stderr=subprocess.DEVNULL).strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    info = {"command": " ".join(sys.argv), "commit": commit, "torch": torch.__version__,
+            "cpu_threads": str(torch.get_num_threads())}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
