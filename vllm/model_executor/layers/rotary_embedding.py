@@ -1,5 +1,8 @@
 """Rotary position embedding (Su et al. 2021, RoFormer, arXiv 2104.09864): neox style rotates the
 two halves of each head, gpt-j style interleaved pairs; only the first rotary_dim dims rotate."""
+import math
+from typing import Optional
+
 import torch
 
 from vllm import _custom_ops as ops
@@ -10,7 +13,8 @@ class RotaryEmbedding(CustomOp):
     op_name = "rotary_embedding"
 
     def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int,
-                 base: float, is_neox_style: bool, dtype: torch.dtype) -> None:
+                 base: float, is_neox_style: bool, dtype: torch.dtype,
+                 rope_scaling: Optional[dict] = None) -> None:
         super().__init__()
         if rotary_dim > head_size or rotary_dim % 2:
             raise ValueError(f"rotary_dim must be even and at most head_size ({head_size}), "
@@ -19,6 +23,7 @@ class RotaryEmbedding(CustomOp):
         self.rotary_dim = rotary_dim
         self.is_neox_style = is_neox_style
         inv_freq = 1.0 / (base**(torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+        inv_freq = scale_inv_freq(inv_freq, rope_scaling)
         freqs = torch.outer(torch.arange(max_position_embeddings, dtype=torch.float), inv_freq)
         # [max_position, rotary_dim]: cos in the first half, sin in the second
         cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
@@ -54,3 +59,23 @@ class RotaryEmbedding(CustomOp):
         if ops.has_kernel(self.op_name, query.device.type):
             return self.forward_kernel(positions, query, key)
         return self.forward_native(positions, query, key)
+
+
+def scale_inv_freq(inv_freq: torch.Tensor, rope_scaling: Optional[dict]) -> torch.Tensor:
+    """Applies a checkpoint's rope scaling to the frequencies: none/default, linear, or llama3
+    (Llama 3.1: low frequencies divided by `factor`, high kept, a smooth ramp between)."""
+    rope_type = (rope_scaling or {}).get("rope_type", rope_scaling and rope_scaling.get("type"))
+    if rope_type in (None, "default"):
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / rope_scaling["factor"]
+    if rope_type == "llama3":
+        factor = rope_scaling["factor"]
+        low, high = rope_scaling["low_freq_factor"], rope_scaling["high_freq_factor"]
+        old_len = rope_scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+        return torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    raise ValueError(f"rope scaling type {rope_type!r} is not supported (default, linear, llama3)")

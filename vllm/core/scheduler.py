@@ -1,0 +1,144 @@
+"""Scheduler: continuous batching. Each step gives every running request its next tokens (one
+for decode, a chunk for a prompt) and admits waiting requests while the token budget, the
+sequence limit and the KV blocks allow. When blocks run out it preempts the newest running
+request (its blocks are freed; it is recomputed from its tokens later), so nothing is lost."""
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from vllm.config import SchedulerConfig
+from vllm.core.block_manager import BlockManager
+from vllm.core.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerOutput:
+    requests: list[Request] = field(default_factory=list)  # in batch order
+    num_scheduled_tokens: list[int] = field(default_factory=list)  # aligned with requests
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def total_num_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens)
+
+    def samples(self, i: int) -> bool:
+        """Whether request i reaches its last known token this step (and so samples)."""
+        req = self.requests[i]
+        return req.num_computed_tokens + self.num_scheduled_tokens[i] == req.num_tokens
+
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+class Scheduler:
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
+                 max_model_len: int) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+
+    def add_request(self, req: Request) -> None:
+        if req.req_id in self.requests:
+            raise ValueError(f"request id {req.req_id!r} is already in use")
+        max_blocks = self.block_manager.num_blocks
+        need = self.block_manager.num_blocks_for(req.num_tokens + 1)
+        if need > max_blocks:
+            raise ValueError(f"request {req.req_id} needs {need} KV blocks but the cache has "
+                             f"only {max_blocks}")
+        if (req.sampling_params.prompt_logprobs is not None
+                and req.num_tokens > self.config.max_num_batched_tokens):
+            raise ValueError(f"prompt_logprobs needs the whole prompt ({req.num_tokens} tokens) "
+                             f"in one step; max_num_batched_tokens is "
+                             f"{self.config.max_num_batched_tokens}")
+        self.requests[req.req_id] = req
+        self.waiting.append(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        # 1. running requests first, oldest first; preempt the newest when blocks run out
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.block_manager.grow(req.block_ids, req.num_computed_tokens + num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            if req.status != RequestStatus.RUNNING:
+                break
+            out.requests.append(req)
+            out.num_scheduled_tokens.append(num_new)
+            budget -= num_new
+            i += 1
+        # 2. admit waiting requests (not in a step that had to preempt)
+        while (self.waiting and not out.preempted and budget > 0
+               and len(self.running) < self.config.max_num_seqs):
+            req = self.waiting[0]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if (req.sampling_params.prompt_logprobs is not None
+                    and num_new < req.num_tokens - req.num_computed_tokens):
+                break  # prompt logprobs are computed over the whole prompt in one step
+            if not self.block_manager.grow(req.block_ids, req.num_computed_tokens + num_new):
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.requests.append(req)
+            out.num_scheduled_tokens.append(num_new)
+            budget -= num_new
+        return out
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.block_manager.free(req.block_ids)
+        req.block_ids = []
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.WAITING
+        self.waiting.appendleft(req)
+
+    def update(self, out: SchedulerOutput, sampled: list[Optional[list[int]]]) -> None:
+        """Advances each scheduled request by its scheduled tokens and appends what it sampled
+        (None for a request still in the middle of its prompt)."""
+        for req, num_new, new_ids in zip(out.requests, out.num_scheduled_tokens, sampled):
+            if req.status != RequestStatus.RUNNING:
+                continue
+            req.num_computed_tokens += num_new
+            if new_ids:
+                req.output_token_ids.extend(new_ids)
+
+    def finish_request(self, req: Request, status: RequestStatus) -> None:
+        if req.is_finished:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        if req.block_ids:
+            self.block_manager.free(req.block_ids)
+            req.block_ids = []
+        req.status = status
+        self.requests.pop(req.req_id, None)
+
+    def abort_requests(self, req_ids: Iterable[str]) -> list[Request]:
+        aborted = []
+        for req_id in req_ids:
+            req = self.requests.get(req_id)
+            if req is not None:
+                self.finish_request(req, RequestStatus.FINISHED_ABORTED)
+                aborted.append(req)
+        return aborted

@@ -1,0 +1,234 @@
+"""LLMEngine: requests in, RequestOutputs out, one step at a time.
+
+What a request passes through, who owns it, and where it lives:
+
+  add_request(prompt, SamplingParams)      caller -> engine; CPU
+    tokenizer                              text -> prompt_token_ids (CPU)
+    Request                                owned by the Scheduler while unfinished (CPU): token
+                                           ids, KV block ids, progress, outputs
+  step()
+    1. Scheduler.schedule()                -> SchedulerOutput (CPU): which requests run, how
+                                           many tokens each; BlockManager hands out KV blocks
+    2. Worker.execute_model()              ModelRunner builds the batch on the host, copies it
+                                           to the model's device (GPU or CPU), runs the forward
+                                           over the paged KV cache (device memory), samples
+                                           (device), returns token ids (CPU)
+    3. Scheduler.update()                  appends tokens, advances num_computed_tokens (CPU)
+    4. Detokenizer + check_stop()          text grows, stop conditions end requests; finished
+                                           requests' KV blocks go back to the BlockManager
+    5. RequestOutput                       engine -> caller (CPU)
+
+n > 1 fans a request out into n child requests (ids "<id>#<i>") whose outputs are merged.
+"""
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+import torch
+
+from vllm.config import VllmConfig
+from vllm.core.block_manager import BlockManager
+from vllm.core.request import Request, RequestStatus
+from vllm.core.scheduler import Scheduler
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.detokenizer import Detokenizer, check_stop
+from vllm.engine.tokenizer import get_tokenizer
+from vllm.logger import init_logger
+from vllm.model_executor.sampler import LogprobsTensors
+from vllm.model_executor.model_loader.loader import load_hf_config
+from vllm.outputs import CompletionOutput, Logprob, RequestOutput
+from vllm.sampling_params import SamplingParams
+from vllm.worker.model_runner import RunnerOutput
+from vllm.worker.worker import Worker
+
+logger = init_logger(__name__)
+
+PromptType = Union[str, dict]
+
+
+@dataclass
+class _RequestGroup:
+    """The caller's request: its n child requests and the outputs built so far."""
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    children: list[Request] = field(default_factory=list)
+
+
+class LLMEngine:
+
+    def __init__(self, config: VllmConfig) -> None:
+        mc = config.model_config
+        config.hf_config = load_hf_config(mc.model, mc.load_format, mc.hf_overrides)
+        config.resolve()
+        self.config = config
+        torch.manual_seed(mc.seed)
+        self.tokenizer = get_tokenizer(mc)
+        self.worker = Worker(config)
+        self.worker.load_model()
+        num_blocks = self.worker.initialize_cache()
+        self.block_manager = BlockManager(num_blocks, config.cache_config.block_size)
+        self.scheduler = Scheduler(config.scheduler_config, self.block_manager, mc.max_model_len)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self.groups: dict[str, _RequestGroup] = {}
+        self.eos_token_id = self.tokenizer.eos_token_id
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
+        return cls(engine_args.create_engine_config())
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.model_config.max_model_len
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    # requests in
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    arrival_time: Optional[float] = None) -> None:
+        """Validates and queues a request; a bad one raises ValueError and changes nothing."""
+        if request_id in self.groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be SamplingParams, got {type(params)}")
+        text, token_ids = self._tokenize(prompt)
+        self._validate_length(request_id, token_ids, params)
+        group = _RequestGroup(request_id, text, token_ids)
+        for i in range(params.n):
+            child_params = params.clone()
+            child_params.n = 1
+            if params.seed is not None:
+                child_params.seed = params.seed + i
+            child_id = request_id if params.n == 1 else f"{request_id}#{i}"
+            generator = None
+            if child_params.seed is not None:
+                generator = torch.Generator(self.config.device).manual_seed(child_params.seed)
+            child = Request(child_id, text, token_ids, child_params, self.eos_token_id,
+                            arrival_time, generator)
+            child.group_id = request_id
+            group.children.append(child)
+        for child in group.children:
+            self.scheduler.add_request(child)
+        self.groups[request_id] = group
+
+    def _tokenize(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            ids = list(prompt["prompt_token_ids"])
+            vocab = self.config.hf_config.vocab_size
+            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt_token_ids hold ids outside the vocabulary [0, {vocab}): "
+                                 f"{bad[:5]}")
+            return prompt.get("prompt"), ids
+        if isinstance(prompt, dict) and "prompt" in prompt:
+            return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+        raise ValueError("a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', "
+                         f"got {type(prompt).__name__}")
+
+    def _validate_length(self, request_id: str, token_ids: list[int],
+                         params: SamplingParams) -> None:
+        if not token_ids:
+            raise ValueError(f"request {request_id!r} has an empty prompt")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"request {request_id!r}: the prompt has {len(token_ids)} tokens; "
+                             f"max_model_len is {self.max_model_len} (room for at least one "
+                             "generated token is needed)")
+        if params.prompt_logprobs is not None and (
+                len(token_ids) > self.config.scheduler_config.max_num_batched_tokens):
+            raise ValueError(f"request {request_id!r}: prompt_logprobs needs the whole prompt "
+                             "in one step; it is longer than max_num_batched_tokens")
+
+    def abort_request(self, request_id: Union[str, list[str]]) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            group = self.groups.pop(rid, None)
+            if group is None:
+                continue
+            self.scheduler.abort_requests([c.req_id for c in group.children])
+            for child in group.children:
+                self.detokenizer.free(child)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.groups)
+
+    # one step
+
+    def step(self) -> list[RequestOutput]:
+        sched_out = self.scheduler.schedule()
+        if sched_out.is_empty():
+            return []
+        result = self.worker.execute_model(sched_out)
+        self.scheduler.update(sched_out, result.sampled)
+        self._record_logprobs(sched_out.requests, result)
+        touched: dict[str, None] = {}
+        now = time.time()
+        for req, new_ids in zip(sched_out.requests, result.sampled):
+            if not new_ids or req.is_finished:
+                continue
+            if req.first_token_time is None:
+                req.first_token_time = now
+            new_text = self.detokenizer.decode_new_tokens(req, new_ids)
+            status = check_stop(req, new_ids, new_text, self.max_model_len)
+            if status is not None:
+                self.scheduler.finish_request(req, status)
+                self.detokenizer.free(req)
+            touched[req.group_id] = None
+        outputs = [self._make_output(self.groups[g]) for g in touched if g in self.groups]
+        for output in outputs:
+            if output.finished:
+                del self.groups[output.request_id]
+        return outputs
+
+    def _logprob_entry(self, ids: list[int], lps: list[float], rank: int,
+                       num: int) -> dict[int, Logprob]:
+        """The chosen token (ids[0], its rank) first, then the top-num tokens by rank."""
+        entry = {ids[0]: Logprob(lps[0], rank)}
+        for r, (tid, lp) in enumerate(zip(ids[1:num + 1], lps[1:num + 1]), start=1):
+            entry.setdefault(tid, Logprob(lp, r))
+        for tid, lp in entry.items():
+            lp.decoded_token = self.tokenizer.decode([tid])
+        return entry
+
+    def _logprob_entries(self, lt: LogprobsTensors, nums: list[int]) -> list[dict[int, Logprob]]:
+        rows = zip(lt.logprob_token_ids.tolist(), lt.logprobs.tolist(),
+                   lt.selected_token_ranks.tolist(), nums)
+        return [self._logprob_entry(ids, lps, rank, num) for ids, lps, rank, num in rows]
+
+    def _record_logprobs(self, reqs: list[Request], result: RunnerOutput) -> None:
+        for i, lt in result.prompt_logprobs.items():
+            req = reqs[i]
+            num = req.sampling_params.prompt_logprobs
+            req.prompt_logprobs = [None] + self._logprob_entries(lt, [num] * len(lt.logprobs))
+        so = result.sampler_output
+        if so is None or so.logprobs is None:
+            return
+        nums = [reqs[i].sampling_params.logprobs or 0 for i in result.sampling_requests]
+        for i, entry in zip(result.sampling_requests, self._logprob_entries(so.logprobs, nums)):
+            if reqs[i].logprobs is not None:
+                reqs[i].logprobs.append(entry)
+
+    def _make_output(self, group: _RequestGroup) -> RequestOutput:
+        outputs = []
+        for i, req in enumerate(group.children):
+            cumulative = None
+            if req.logprobs is not None:
+                cumulative = sum(e[t].logprob for e, t in zip(req.logprobs, req.output_token_ids))
+            outputs.append(CompletionOutput(
+                index=i, text=req.output_text, token_ids=list(req.output_token_ids),
+                cumulative_logprob=cumulative, logprobs=req.logprobs,
+                finish_reason=req.status.finish_reason, stop_reason=req.stop_reason))
+        first = group.children[0]
+        return RequestOutput(
+            request_id=group.request_id, prompt=group.prompt,
+            prompt_token_ids=group.prompt_token_ids, prompt_logprobs=first.prompt_logprobs,
+            outputs=outputs, finished=all(c.is_finished for c in group.children),
+            metrics={"arrival_time": first.arrival_time, "first_token_time":
+                     first.first_token_time, "num_preemptions": sum(c.num_preemptions
+                                                                    for c in group.children)})

@@ -1,0 +1,54 @@
+"""Attention layer: writes the step's new K/V into the paged cache, then attends over it.
+Prefill-only batches on the GPU use dense causal SDPA over the fresh K/V (flash); every other
+batch (decode, speculative verification, chunked prefill, and everything on the CPU) uses the
+paged_attention op of vllm._C."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.attention import paged_attention as pa
+
+
+class Attention(nn.Module):
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
+                 layer_idx: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        self.layer_idx = layer_idx
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [num_tokens, num_heads * head_size], k/v [num_tokens, num_kv_heads * head_size]."""
+        ctx = get_forward_context()
+        md = ctx.attn_metadata
+        key_cache, value_cache = ctx.kv_caches[self.layer_idx]
+        num_tokens = q.shape[0]
+        q = q.view(num_tokens, self.num_heads, self.head_size)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_size)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_size)
+        pa.write_to_paged_cache(k, v, key_cache, value_cache, md.slot_mapping)
+        if md.prefill_only and q.is_cuda:
+            out = self._dense_prefill(q, k, v, md.query_lens)
+        else:
+            out = pa.paged_attention(q.contiguous(), key_cache, value_cache, md.block_tables,
+                                     md.context_lens, md.query_start_loc, md.max_context_len,
+                                     self.scale)
+        return out.view(num_tokens, self.num_heads * self.head_size)
+
+    def _dense_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       query_lens: list[int]) -> torch.Tensor:
+        out = torch.empty_like(q)
+        start = 0
+        for n in query_lens:
+            # [num_heads, n, head_size]
+            qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
+            o = F.scaled_dot_product_attention(qs.unsqueeze(0), ks.unsqueeze(0), vs.unsqueeze(0),
+                                               is_causal=True, scale=self.scale,
+                                               enable_gqa=self.num_heads != self.num_kv_heads)
+            out[start:start + n] = o[0].transpose(0, 1)
+            start += n
+        return out

@@ -1,0 +1,73 @@
+"""get_model: the model's HF config, class and weights, from a checkpoint directory
+(safetensors), a GGUF file, or random weights (load_format=dummy) for timing large shapes."""
+import os
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.model_executor.models.registry import resolve_model_class
+
+logger = init_logger(__name__)
+
+
+def resolve_load_format(model: str, load_format: str) -> str:
+    if not os.path.exists(model):
+        raise ValueError(f"model path {model!r} does not exist (give a HF checkpoint directory "
+                         "or a .gguf file; nothing is downloaded)")
+    if load_format != "auto":
+        return load_format
+    return "gguf" if model.endswith(".gguf") else "safetensors"
+
+
+def load_hf_config(model: str, load_format: str, hf_overrides: dict | None = None) -> Any:
+    fmt = resolve_load_format(model, load_format)
+    if fmt == "gguf" or (fmt == "dummy" and model.endswith(".gguf")):
+        from vllm.model_executor.model_loader.gguf_loader import load_gguf
+        config = load_gguf(model).config
+    else:
+        from vllm.model_executor.model_loader.safetensors_loader import load_hf_config as load
+        config = load(model)
+    for key, value in (hf_overrides or {}).items():
+        setattr(config, key, value)
+    return config
+
+
+def _iter_weights(model: str, fmt: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if fmt == "gguf":
+        from vllm.model_executor.model_loader.gguf_loader import load_gguf
+        return load_gguf(model).iter_weights()
+    from vllm.model_executor.model_loader.safetensors_loader import iter_safetensors_weights
+    return iter_safetensors_weights(model)
+
+
+def _init_dummy_weights(model: nn.Module, seed: int) -> None:
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.data.fill_(1.0)
+        else:
+            param.data.normal_(0.0, 0.02, generator=gen)
+
+
+def get_model(config: VllmConfig) -> nn.Module:
+    mc = config.model_config
+    fmt = resolve_load_format(mc.model, mc.load_format)
+    model_cls = resolve_model_class(config.hf_config)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(config.torch_dtype)
+    try:
+        with torch.device(config.device):
+            model = model_cls(config.hf_config)
+    finally:
+        torch.set_default_dtype(previous)
+    if fmt == "dummy":
+        _init_dummy_weights(model, mc.seed)
+    else:
+        model.load_weights(_iter_weights(mc.model, fmt))
+    logger.info("loaded %s (%s, %s) on %s: %.2f GB", model_cls.__name__, fmt,
+                str(config.torch_dtype).replace("torch.", ""), config.device,
+                sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9)
+    return model.eval()

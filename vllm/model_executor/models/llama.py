@@ -1,0 +1,171 @@
+"""The Llama family (Llama 2/3, Mistral, SmolLM2; Qwen2 adds q/k/v biases): decoder layers of
+RMSNorm -> attention (fused qkv, rotary, paged KV) -> RMSNorm -> gated MLP, residual fused into the
+norms. Weights load from HF names; q/k/v and gate/up are fused into one matmul each."""
+from typing import Any, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm.model_executor.attention.layer import Attention
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+
+def rope_settings(config: Any) -> tuple[float, Optional[dict]]:
+    """(rope_theta, rope_scaling) across transformers' old and new config layouts."""
+    params = getattr(config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    scaling = getattr(config, "rope_scaling", None) or params
+    return float(theta), scaling if scaling.get("rope_type", scaling.get("type")) else None
+
+
+class LlamaAttention(nn.Module):
+
+    def __init__(self, config: Any, layer_idx: int, qkv_bias: bool) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = (getattr(config, "head_dim", None)
+                         or config.hidden_size // self.num_heads)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size,
+                                bias=getattr(config, "attention_bias", False) and not qkv_bias)
+        theta, scaling = rope_settings(config)
+        self.rotary_emb = RotaryEmbedding(self.head_dim, self.head_dim,
+                                          config.max_position_embeddings, theta, True,
+                                          torch.get_default_dtype(), scaling)
+        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5,
+                              self.num_kv_heads, layer_idx)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaMLP(nn.Module):
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        bias = getattr(config, "mlp_bias", False)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+
+    def __init__(self, config: Any, layer_idx: int, qkv_bias: bool) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, qkv_bias)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
+                residual: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+
+    def __init__(self, config: Any, qkv_bias: bool) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            [LlamaDecoderLayer(config, i, qkv_bias) for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    qkv_bias = False
+    # HF name piece -> (fused parameter piece, shard index)
+    stacked_params = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1),
+                      "v_proj": ("qkv_proj", 2), "gate_proj": ("gate_up_proj", 0),
+                      "up_proj": ("gate_up_proj", 1)}
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, self.qkv_bias)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [num_rows, hidden_size] -> fp32 logits [num_rows, vocab_size]."""
+        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def _shard_slices(self, fused: str, layer: nn.Module) -> list[slice]:
+        if fused == "qkv_proj":
+            attn = layer.self_attn
+            q, kv = attn.q_size, attn.kv_size
+            return [slice(0, q), slice(q, q + kv), slice(q + kv, q + 2 * kv)]
+        inter = self.config.intermediate_size
+        return [slice(0, inter), slice(inter, 2 * inter)]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies HF-named weights in; every parameter must be covered exactly once."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            target, rows = name, None
+            for piece, (fused, shard) in self.stacked_params.items():
+                if f".{piece}." in name:
+                    target = name.replace(piece, fused)
+                    layer = self.model.layers[int(name.split(".")[2])]
+                    rows = self._shard_slices(fused, layer)[shard]
+                    break
+            if target not in params:
+                raise ValueError(f"checkpoint weight {name!r} matches no parameter of "
+                                 f"{type(self).__name__}")
+            param = params[target]
+            dst = param.data if rows is None else param.data[rows]
+            if dst.shape != tensor.shape:
+                raise ValueError(f"checkpoint weight {name!r} has shape {tuple(tensor.shape)}, "
+                                 f"expected {tuple(dst.shape)}")
+            dst.copy_(tensor)
+            loaded.add(name if rows is None else f"{target}#{rows.start}")
+        expected = {n for n in params if not any(f in n for f in ("qkv_proj", "gate_up_proj"))}
+        expected |= {f"{n}#{s.start}" for n in params for fused in ("qkv_proj", "gate_up_proj")
+                     if fused in n
+                     for s in self._shard_slices(fused, self.model.layers[int(n.split(".")[2])])}
+        missing = sorted(expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} weight(s), e.g. {missing[:3]}")
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    pass

@@ -1,0 +1,171 @@
+"""ModelRunner: turns a SchedulerOutput into one forward pass on its device and samples.
+
+Per step it builds, on the host, the flat batch (token ids and positions of every scheduled
+token), the attention metadata (cache slots, block tables, context lengths, query offsets), and
+the rows whose logits are needed (the last token of each request that samples), then moves them to
+the device in one go."""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from vllm.config import VllmConfig
+from vllm.core.request import Request
+from vllm.core.scheduler import SchedulerOutput
+from vllm.forward_context import AttentionMetadata, set_forward_context
+from vllm.model_executor.model_loader.loader import get_model
+from vllm.model_executor.sampler import (LogprobsTensors, Sampler, SamplerOutput, SamplingBatch,
+                                         compute_prompt_logprobs)
+from vllm.worker import kv_cache
+from vllm.worker.cuda_graph import CudaGraphRunner
+
+
+@dataclass
+class ModelInput:
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    attn_metadata: AttentionMetadata
+    logits_indices: torch.Tensor  # [num_sampling]: batch row of each sampling request's last token
+    sampling_requests: list[int]  # index into SchedulerOutput.requests, aligned with the above
+
+
+@dataclass
+class RunnerOutput:
+    sampled: list[Optional[list[int]]]  # per scheduled request: new token ids, None mid-prompt
+    sampler_output: Optional[SamplerOutput]  # rows aligned with sampling_requests
+    sampling_requests: list[int]
+    prompt_logprobs: dict[int, LogprobsTensors]  # request index -> its prompt's logprobs
+
+
+class ModelRunner:
+
+    def __init__(self, config: VllmConfig) -> None:
+        self.config = config
+        self.device = config.device
+        self.block_size = config.cache_config.block_size
+        self.model: Optional[torch.nn.Module] = None
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.sampler = Sampler()
+        self.vocab_size = config.hf_config.vocab_size
+        self.cuda_graphs: Optional[CudaGraphRunner] = None
+
+    def load_model(self) -> None:
+        self.model = get_model(self.config)
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.kv_caches = kv_cache.allocate_kv_caches(self.config, num_blocks)
+        if self.device.type == "cuda" and not self.config.model_config.enforce_eager:
+            mc, sc = self.config.model_config, self.config.scheduler_config
+            self.cuda_graphs = CudaGraphRunner(
+                self.model, self.kv_caches, sc.max_num_seqs, mc.max_model_len, self.block_size,
+                self.config.hf_config.hidden_size, self.config.torch_dtype, self.device)
+            self.cuda_graphs.capture()
+
+    @torch.inference_mode()
+    def profile_peak_memory(self) -> int:
+        """Activation bytes of the largest step (a max_num_batched_tokens prefill), measured."""
+        if self.device.type != "cuda":
+            return 0
+        num_tokens = self.config.scheduler_config.max_num_batched_tokens
+        caches = kv_cache.allocate_kv_caches(self.config, 1)
+        md = AttentionMetadata(
+            slot_mapping=torch.full((num_tokens,), -1, dtype=torch.long, device=self.device),
+            block_tables=torch.zeros(1, 1, dtype=torch.int32, device=self.device),
+            context_lens=torch.tensor([num_tokens], dtype=torch.int32, device=self.device),
+            query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=self.device),
+            max_context_len=num_tokens, query_lens=[num_tokens], prefill_only=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        with set_forward_context(md, caches):
+            hidden = self.model(ids, torch.arange(num_tokens, device=self.device))
+        self.model.compute_logits(hidden[-self.config.scheduler_config.max_num_seqs:])
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        del caches, hidden
+        torch.cuda.empty_cache()
+        return peak
+
+    def prepare_inputs(self, out: SchedulerOutput) -> ModelInput:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        context_lens: list[int] = []
+        query_start_loc = [0]
+        logits_indices: list[int] = []
+        sampling_requests: list[int] = []
+        bs = self.block_size
+        for i, (req, num_new) in enumerate(zip(out.requests, out.num_scheduled_tokens)):
+            start = req.num_computed_tokens
+            end = start + num_new
+            input_ids.extend(req.token_slice(start, end))
+            positions.extend(range(start, end))
+            blocks = req.block_ids
+            slot_mapping.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
+            context_lens.append(end)
+            query_start_loc.append(query_start_loc[-1] + num_new)
+            if out.samples(i):
+                logits_indices.append(query_start_loc[-1] - 1)
+                sampling_requests.append(i)
+        max_blocks = max(len(r.block_ids) for r in out.requests)
+        block_tables = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in out.requests]
+        dev = self.device
+
+        def to_dev(values, dtype):
+            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+
+        md = AttentionMetadata(
+            slot_mapping=to_dev(slot_mapping, torch.long),
+            block_tables=to_dev(block_tables, torch.int32),
+            context_lens=to_dev(context_lens, torch.int32),
+            query_start_loc=to_dev(query_start_loc, torch.int32),
+            max_context_len=max(context_lens),
+            query_lens=list(out.num_scheduled_tokens),
+            prefill_only=all(r.num_computed_tokens == 0 for r in out.requests))
+        return ModelInput(to_dev(input_ids, torch.long), to_dev(positions, torch.long), md,
+                          to_dev(logits_indices, torch.long), sampling_requests)
+
+    @torch.inference_mode()
+    def execute_model(self, out: SchedulerOutput) -> RunnerOutput:
+        inp = self.prepare_inputs(out)
+        hidden = self.run_model(inp)  # [num_tokens, hidden_size]
+        prompt_logprobs = self._prompt_logprobs(out, inp, hidden)
+        sampled: list[Optional[list[int]]] = [None] * len(out.requests)
+        sampler_output = None
+        if inp.sampling_requests:
+            logits = self.model.compute_logits(hidden[inp.logits_indices])  # [num_sampling, V]
+            reqs = [out.requests[i] for i in inp.sampling_requests]
+            batch = self.build_sampling_batch(reqs)
+            sampler_output = self.sampler.sample(logits, batch)
+            token_ids = sampler_output.sampled_token_ids.tolist()
+            for i, token_id in zip(inp.sampling_requests, token_ids):
+                sampled[i] = [token_id]
+        return RunnerOutput(sampled, sampler_output, inp.sampling_requests, prompt_logprobs)
+
+    def run_model(self, inp: ModelInput) -> torch.Tensor:
+        md = inp.attn_metadata
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(len(md.query_lens), md):
+            return self.cuda_graphs.run(inp.input_ids, inp.positions, md)
+        with set_forward_context(md, self.kv_caches):
+            return self.model(inp.input_ids, inp.positions)
+
+    def build_sampling_batch(self, reqs: list[Request]) -> SamplingBatch:
+        return SamplingBatch.build(
+            [r.sampling_params for r in reqs], [r.prompt_token_ids for r in reqs],
+            [r.output_token_ids for r in reqs], [r.generator for r in reqs], self.vocab_size,
+            self.device, eos_token_id=reqs[0].eos_token_id)
+
+    def _prompt_logprobs(self, out: SchedulerOutput, inp: ModelInput,
+                         hidden: torch.Tensor) -> dict[int, LogprobsTensors]:
+        result = {}
+        for i, req in enumerate(out.requests):
+            num_top = req.sampling_params.prompt_logprobs
+            if num_top is None or req.num_computed_tokens != 0 or req.prompt_logprobs is not None:
+                continue
+            start = int(sum(out.num_scheduled_tokens[:i]))
+            n = req.num_prompt_tokens
+            logits = self.model.compute_logits(hidden[start:start + n - 1])
+            targets = torch.tensor(req.prompt_token_ids[1:], device=self.device)
+            result[i] = compute_prompt_logprobs(logits, targets, num_top)
+        return result

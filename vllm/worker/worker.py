@@ -1,0 +1,38 @@
+"""Worker: one device's share of the engine: its model runner, its KV cache, its threads."""
+import torch
+
+from vllm import envs
+from vllm.config import VllmConfig
+from vllm.core.scheduler import SchedulerOutput
+from vllm.logger import init_logger
+from vllm.worker import kv_cache
+from vllm.worker.model_runner import ModelRunner, RunnerOutput
+
+logger = init_logger(__name__)
+
+
+class Worker:
+
+    def __init__(self, config: VllmConfig) -> None:
+        self.config = config
+        if config.device.type == "cpu" and envs.VLLM_CPU_NUM_THREADS > 0:
+            torch.set_num_threads(envs.VLLM_CPU_NUM_THREADS)
+        if config.device.type == "cuda":
+            torch.cuda.set_device(config.device)
+        self.model_runner = ModelRunner(config)
+
+    def load_model(self) -> None:
+        self.model_runner.load_model()
+
+    def initialize_cache(self) -> int:
+        """Sizes the KV cache from the memory left after weights and activations; allocates it."""
+        peak = self.model_runner.profile_peak_memory()
+        num_blocks = kv_cache.num_blocks_for_memory(self.config, peak)
+        self.model_runner.initialize_cache(num_blocks)
+        logger.info("KV cache on %s: %d blocks of %d tokens (%.2f GB)", self.config.device,
+                    num_blocks, self.config.cache_config.block_size,
+                    num_blocks * kv_cache.block_bytes(self.config) / 1e9)
+        return num_blocks
+
+    def execute_model(self, out: SchedulerOutput) -> RunnerOutput:
+        return self.model_runner.execute_model(out)
