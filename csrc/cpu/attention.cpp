@@ -141,7 +141,11 @@ void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cach
                                      num_heads, num_kv_heads, block_size,
                                      static_cast<float>(scale)};
   const int* tables = block_tables.data_ptr<int>();
-  at::parallel_for(0, tasks.size(), 1, [&](int64_t begin, int64_t end) {
+  // K/V elements read x query rows: below ~1M multiply-adds the whole call runs on one thread
+  int64_t work = 0;
+  for (const Task& t : tasks) work += static_cast<int64_t>(ctx[t.seq]) * (t.q_end - t.q_begin) * group;
+  const int64_t grain = work * HEAD_SIZE < (1 << 20) ? static_cast<int64_t>(tasks.size()) : 1;
+  at::parallel_for(0, tasks.size(), grain, [&](int64_t begin, int64_t end) {
     std::vector<float> q_rows, scores, acc;
     auto local = kernel;
     for (int64_t i = begin; i < end; ++i) {

@@ -74,6 +74,13 @@ inline void store_any(T* p, const fVec& v, int width) {
   }
 }
 
+// Work items per thread below which a parallel region costs more than it saves: OpenMP teams
+// handing over to MKL's matmul threads and back cost ~0.1-1 ms on few cores, so small decode-time
+// ops run on the calling thread.
+inline int64_t grain_for(int64_t elems_per_item, int64_t min_elems = 1 << 15) {
+  return std::max<int64_t>(1, min_elems / std::max<int64_t>(elems_per_item, 1));
+}
+
 #define VLLM_CPU_DISPATCH_FLOAT_TYPES(TYPE, NAME, ...)                                         \
   AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::ScalarType::Float, __VA_ARGS__)          \
                                      AT_DISPATCH_CASE(at::ScalarType::BFloat16, __VA_ARGS__))

@@ -12,8 +12,7 @@
 namespace vllm_cuda {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
+constexpr int kThreads = 128, kWarps = kThreads / 32;
 constexpr int kTileKeys = 64;  // keys per K/V tile in shared memory
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -26,19 +25,16 @@ struct alignas(sizeof(T) * N) Pack {
 // rows (token, head of the kv head's GQA group) and walks its partition in tiles of kTileKeys.
 template <typename T, int HS>
 struct Cfg {
-  static constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte chunk
-  static constexpr int kChunks = HS / kVec;     // chunks per K/V row
-  static constexpr int kRows = sizeof(T) * HS >= 1024 ? 16 : 32;  // fits sm_80's 163 KB
-  // K/V rows padded by 16 bytes: a row is 4 mod 8 words, so 8 rows' chunks hit distinct banks
-  static constexpr int kKvStride = HS + kVec;
-  static constexpr int kSStride = kTileKeys + 4;  // score rows: distinct banks, float4-aligned
-  static constexpr int kScoreGroups = kThreads / kTileKeys;
-  static constexpr int kScoreRows = kRows / kScoreGroups;
+  static constexpr int kVec = 16 / sizeof(T), kChunks = HS / kVec;  // 16-byte chunks per row
+  static constexpr int kRows = sizeof(T) * HS >= 1024 ? 16 : 32;    // fits sm_80's 163 KB
+  // K/V rows padded by 16 bytes: 4 mod 8 words, so 8 rows' chunks fall in distinct banks
+  static constexpr int kKvStride = HS + kVec, kSStride = kTileKeys + 4;
+  static constexpr int kScoreGroups = kThreads / kTileKeys, kScoreRows = kRows / kScoreGroups;
   static constexpr int kPvGroups = kThreads / kChunks;
   static constexpr int kPvRows = (kRows + kPvGroups - 1) / kPvGroups;
-  // byte offsets: int64 key offsets [2][kTileKeys], K and V tiles T [kTileKeys][kKvStride],
-  // queries (later the output sum) float [kRows][HS], scores float [kRows][kSStride],
-  // then m, l, alpha float [kRows] and visible-key counts int [kRows]
+  // bytes: int64 key offsets [2][kTileKeys]; K, V tiles T [kTileKeys][kKvStride]; queries (then
+  // the output sum) float [kRows][HS]; scores float [kRows][kSStride]; m, l, alpha float [kRows]
+  // and visible-key counts int [kRows]
   static constexpr size_t kK = 2 * kTileKeys * sizeof(int64_t);
   static constexpr size_t kV = kK + kTileKeys * kKvStride * sizeof(T);
   static constexpr size_t kQ = kV + kTileKeys * kKvStride * sizeof(T);
@@ -49,18 +45,18 @@ struct Cfg {
 };
 
 struct Params {
-  void* out;                      // [num_tokens, num_heads, HS]
-  const void* query;              // [num_tokens, num_heads, HS]
-  const void* key_cache;          // [num_blocks, num_kv_heads, block_size, HS]
-  const void* value_cache;        // same
-  const int* block_tables;        // [num_seqs, max_blocks]
-  const int* context_lens;        // [num_seqs]
-  const int* query_start_loc;     // [num_seqs + 1]
+  void* out;                   // [num_tokens, num_heads, HS]
+  const void* query;           // [num_tokens, num_heads, HS]
+  const void* key_cache;       // [num_blocks, num_kv_heads, block_size, HS]
+  const void* value_cache;     // same
+  const int* block_tables;     // [num_seqs, max_blocks]
+  const int* context_lens;     // [num_seqs]
+  const int* query_start_loc;  // [num_seqs + 1]
   float* ws_o;   // [num_tokens, num_heads, num_parts, HS] partial outputs; null: one partition
-  float* ws_ml;  // [num_tokens, num_heads, num_parts, 2] partial (max, sum) in log2 units
+  float* ws_ml;  // [num_tokens, num_heads, num_parts, 2] partial (max, sum), log2 units
   int num_seqs, num_tokens, num_heads, num_kv_heads, group, block_size, max_blocks;
   int num_parts, part_size;
-  float scale_log2;  // scale * log2(e): scores are kept in log2 units for exp2f
+  float scale_log2;  // scale * log2(e): scores live in log2 units for exp2f
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -89,10 +85,33 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-// grid (row-tile items, partitions, kv heads). Item x is the x-th (sequence, tile of kRows rows)
-// pair, rows of a sequence being r = i * group + g over its q_len tokens i; partition y covers
-// keys [y * part_size, (y + 1) * part_size). The block loads each K/V tile once for all its rows
-// and keeps a running (max m, sum l, output) per row, flash-attention style.
+// Which (sequence, row tile) item x is, by a warp-wide prefix sum of each sequence's
+// ceil(q_len * group / rows_per_tile) tiles; {-1, 0} past the last. Call from one whole warp.
+__device__ int2 find_item(const Params& p, int x, int rows_per_tile) {
+  const int lane = threadIdx.x % 32;
+  for (int s0 = 0, base = 0; s0 < p.num_seqs; s0 += 32) {
+    const int s = s0 + lane;
+    const int q = s < p.num_seqs ? p.query_start_loc[s + 1] - p.query_start_loc[s] : 0;
+    const int n = (max(q, 0) * p.group + rows_per_tile - 1) / rows_per_tile;
+    int incl = n;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, x - base >= incl - n && x - base < incl);
+    if (hit) {
+      const int src = __ffs(hit) - 1;
+      return make_int2(s0 + src, x - base - __shfl_sync(0xffffffffu, incl - n, src));
+    }
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  return make_int2(-1, 0);
+}
+
+// grid (items, partitions, kv heads): item x is a tile of kRows rows r = i * group + g of one
+// sequence's q_len tokens i (find_item); partition y covers keys [y, y + 1) * part_size. The
+// block loads each K/V tile once for all its rows and keeps a running (max m, sum l, output)
+// per row, flash-attention style.
 template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params p) {
   using C = Cfg<T, HS>;
@@ -108,42 +127,19 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
   float* l_s = m_s + R;
   float* alpha_s = l_s + R;
   int* vis_s = reinterpret_cast<int*>(alpha_s + R);
-  __shared__ int item[2];
+  __shared__ int2 item;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int part = blockIdx.y, kv_head = blockIdx.z;
-
-  // Find this item's sequence and tile: a warp-wide prefix sum of tiles per sequence.
   if (warp == 0) {
-    int base = 0, seq = -1, tile = 0;
-    for (int s0 = 0; s0 < p.num_seqs; s0 += 32) {
-      const int s = s0 + lane;
-      const int q = s < p.num_seqs ? p.query_start_loc[s + 1] - p.query_start_loc[s] : 0;
-      const int n = (max(q, 0) * p.group + R - 1) / R;
-      int incl = n;
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      const int target = static_cast<int>(blockIdx.x) - base;
-      const unsigned hit = __ballot_sync(0xffffffffu, target >= incl - n && target < incl);
-      if (hit) {
-        const int src = __ffs(hit) - 1;
-        seq = s0 + src;
-        tile = target - __shfl_sync(0xffffffffu, incl - n, src);
-        break;
-      }
-      base += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (lane == 0) item[0] = seq, item[1] = tile;
+    const int2 found = find_item(p, blockIdx.x, R);
+    if (lane == 0) item = found;
   }
   __syncthreads();
-  const int seq = item[0];
+  const int seq = item.x;
   if (seq < 0) return;  // the grid over-counts items
-  const int q_start = p.query_start_loc[seq];
-  const int q_len = p.query_start_loc[seq + 1] - q_start;
+  const int q_start = p.query_start_loc[seq], q_len = p.query_start_loc[seq + 1] - q_start;
   const int ctx = p.context_lens[seq];
-  const int row0 = item[1] * R;
-  const int rows = min(R, q_len * p.group - row0);
+  const int row0 = item.y * R, rows = min(R, q_len * p.group - row0);
   const int key_begin = part * p.part_size;
   const int key_end = min(key_begin + p.part_size,
                           visible_keys(p, ctx, q_len, (row0 + rows - 1) / p.group));
@@ -153,19 +149,14 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
   const T* key_cache = static_cast<const T*>(p.key_cache);
   const T* value_cache = static_cast<const T*>(p.value_cache);
 
-  // Queries, pre-scaled into log2 units, as fp32 rows of q_s.
+  // Queries in fp32, pre-scaled into log2 units; running stats; visible keys per row.
   for (int idx = tid; idx < rows * C::kChunks; idx += kThreads) {
     const int r = idx / C::kChunks, c = idx % C::kChunks, row = row0 + r;
     const int64_t head = static_cast<int64_t>(q_start + row / p.group) * p.num_heads +
                          kv_head * p.group + row % p.group;
     const P v = reinterpret_cast<const P*>(static_cast<const T*>(p.query) + head * HS)[c];
-    float* dst = q_s + r * HS + c * C::kVec;
 #pragma unroll
-    for (int e = 0; e < C::kVec; e += 4) {
-      *reinterpret_cast<float4*>(dst + e) = make_float4(
-          static_cast<float>(v.v[e]) * p.scale_log2, static_cast<float>(v.v[e + 1]) * p.scale_log2,
-          static_cast<float>(v.v[e + 2]) * p.scale_log2, static_cast<float>(v.v[e + 3]) * p.scale_log2);
-    }
+    for (int e = 0; e < C::kVec; ++e) q_s[r * HS + c * C::kVec + e] = static_cast<float>(v.v[e]) * p.scale_log2;
   }
   for (int r = tid; r < R; r += kThreads) {
     m_s[r] = -INFINITY;
@@ -177,16 +168,15 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
     const int pos = key_begin + t * kTileKeys + tid;
     if (tid < kTileKeys) {
       offs[(t & 1) * kTileKeys + tid] =
-          pos < key_end ? ((static_cast<int64_t>(table[pos / p.block_size]) * p.num_kv_heads + kv_head) *
-                               p.block_size + pos % p.block_size) * HS
-                        : -1;
+          pos >= key_end ? -1
+                         : ((static_cast<int64_t>(table[pos / p.block_size]) * p.num_kv_heads +
+                             kv_head) * p.block_size + pos % p.block_size) * HS;
     }
   };
   auto load_tile = [&](T* dst, const T* cache, int t) {  // one cp.async group per call
-    const int64_t* o = offs + (t & 1) * kTileKeys;
     for (int idx = tid; idx < kTileKeys * C::kChunks; idx += kThreads) {
       const int j = idx / C::kChunks, c = idx % C::kChunks;
-      const int64_t off = o[j];
+      const int64_t off = offs[(t & 1) * kTileKeys + j];
       cp_async16(dst + j * C::kKvStride + c * C::kVec, cache + max(off, int64_t{0}) + c * C::kVec, off >= 0);
     }
     cp_async_commit();
@@ -196,10 +186,10 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
   load_tile(k_s, key_cache, 0);
   load_tile(v_s, value_cache, 0);
 
-  // QK^T: thread -> key sj of the tile and rows sg, sg + kScoreGroups, ...
+  // QK^T: thread -> key sj of the tile, rows sg + kScoreGroups * k.
   const int sj = tid % kTileKeys, sg = tid / kTileKeys;
-  // PV: thread -> 16-byte column chunk pc; its group pg splits into a row slot and, when there
-  // are fewer rows than groups (decode), a key slot, so every thread has work either way.
+  // PV: thread -> 16-byte column chunk pc; its group pg is a row slot and, when rows are fewer
+  // than groups (decode), also a key slot, so that every thread has work either way.
   const int pc = tid % C::kChunks, pg = tid / C::kChunks;
   const int row_slots = min(rows, C::kPvGroups), key_slots = C::kPvGroups / row_slots;
   const int prow = pg % row_slots, pkey = pg / row_slots;
@@ -207,53 +197,47 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
   float acc[C::kPvRows][C::kVec] = {};
 
   for (int t = 0; t < num_tiles; ++t) {
-    cp_async_wait<1>();  // K tile t has landed (V tile t may still be in flight)
+    cp_async_wait<1>();  // K tile t has landed (V tile t may not have)
     __syncthreads();
-    {
-      float dot[C::kScoreRows] = {};
-      const T* krow = k_s + sj * C::kKvStride;
+    float dot[C::kScoreRows] = {};
 #pragma unroll 2
-      for (int c = 0; c < C::kChunks; ++c) {
-        const P kv = reinterpret_cast<const P*>(krow)[c];
-        float kf[C::kVec];
+    for (int c = 0; c < C::kChunks; ++c) {
+      const P kv = reinterpret_cast<const P*>(k_s + sj * C::kKvStride)[c];
+      float kf[C::kVec];
 #pragma unroll
-        for (int e = 0; e < C::kVec; ++e) kf[e] = static_cast<float>(kv.v[e]);
-#pragma unroll
-        for (int k = 0; k < C::kScoreRows; ++k) {
-          const int r = sg + C::kScoreGroups * k;
-          if (r >= rows) break;
-          const float* q = q_s + r * HS + c * C::kVec;
-#pragma unroll
-          for (int e = 0; e < C::kVec; e += 4) {
-            const float4 qv = *reinterpret_cast<const float4*>(q + e);
-            dot[k] += qv.x * kf[e] + qv.y * kf[e + 1] + qv.z * kf[e + 2] + qv.w * kf[e + 3];
-          }
-        }
-      }
-      const int pos = key_begin + t * kTileKeys + sj;
+      for (int e = 0; e < C::kVec; ++e) kf[e] = static_cast<float>(kv.v[e]);
 #pragma unroll
       for (int k = 0; k < C::kScoreRows; ++k) {
         const int r = sg + C::kScoreGroups * k;
         if (r >= rows) break;
-        s_s[r * C::kSStride + sj] = pos < min(vis_s[r], key_end) ? dot[k] : -INFINITY;
+#pragma unroll
+        for (int e = 0; e < C::kVec; e += 4) {
+          const float4 q = *reinterpret_cast<const float4*>(q_s + r * HS + c * C::kVec + e);
+          dot[k] += q.x * kf[e] + q.y * kf[e + 1] + q.z * kf[e + 2] + q.w * kf[e + 3];
+        }
       }
+    }
+    const int pos = key_begin + t * kTileKeys + sj;
+#pragma unroll
+    for (int k = 0; k < C::kScoreRows; ++k) {
+      const int r = sg + C::kScoreGroups * k;
+      if (r >= rows) break;
+      s_s[r * C::kSStride + sj] = pos < min(vis_s[r], key_end) ? dot[k] : -INFINITY;
     }
     if (t + 1 < num_tiles) fill_offsets(t + 1);
     __syncthreads();  // scores complete; the K buffer is free
     if (t + 1 < num_tiles) load_tile(k_s, key_cache, t + 1);
 
-    // Online softmax, one warp per row: scores become probabilities exp2(s - m_new).
+    // Online softmax, a warp per row: scores become probabilities exp2(s - m_new).
     for (int r = warp; r < rows; r += kWarps) {
       float* srow = s_s + r * C::kSStride;
-      float v[kTileKeys / 32];
-      float mx = -INFINITY;
+      float v[kTileKeys / 32], mx = -INFINITY, sum = 0.f;
 #pragma unroll
       for (int i = 0; i < kTileKeys / 32; ++i) mx = fmaxf(mx, v[i] = srow[lane + 32 * i]);
       const float m_old = m_s[r], m_new = fmaxf(m_old, warp_max(mx));
-      float sum = 0.f;
 #pragma unroll
       for (int i = 0; i < kTileKeys / 32; ++i) {
-        v[i] = m_new == -INFINITY ? 0.f : exp2f(v[i] - m_new);  // no key seen yet: no NaN
+        v[i] = m_new == -INFINITY ? 0.f : exp2f(v[i] - m_new);  // nothing seen yet: no NaN
         sum += v[i];
         srow[lane + 32 * i] = v[i];
       }
@@ -265,11 +249,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
         m_s[r] = m_new;
       }
     }
-    if (t + 1 < num_tiles) {
-      cp_async_wait<1>();  // V tile t has landed (K tile t + 1 may be in flight)
-    } else {
-      cp_async_wait<0>();
-    }
+    if (t + 1 < num_tiles) cp_async_wait<1>();  // V tile t has landed (K tile t + 1 may not)
+    else cp_async_wait<0>();
     __syncthreads();
 
     // acc = acc * alpha + P V over this thread's rows and key quads.
@@ -278,9 +259,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
       for (int k = 0; k < C::kPvRows; ++k) {
         const int r = prow + row_slots * k;
         if (r >= rows) break;
-        const float alpha = alpha_s[r];
 #pragma unroll
-        for (int e = 0; e < C::kVec; ++e) acc[k][e] *= alpha;
+        for (int e = 0; e < C::kVec; ++e) acc[k][e] *= alpha_s[r];
       }
       for (int q = pkey; q < kTileKeys / 4; q += key_slots) {
         float vf[4][C::kVec];
@@ -321,20 +301,18 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
   }
   __syncthreads();
   // Rows that see a key of this partition write o / l: straight to out when there is one
-  // partition, else with (m, l) to the workspace for the combine kernel.
+  // partition, else to the workspace with (m, l) for the combine kernel.
   for (int idx = tid; idx < rows * (HS / 4); idx += kThreads) {
     const int r = idx / (HS / 4), d = idx % (HS / 4) * 4, row = row0 + r;
     if (vis_s[r] <= key_begin) continue;
-    const float inv = 1.f / l_s[r];  // >= 1: the row's largest score contributes exp2(0)
-    float4 o = *reinterpret_cast<const float4*>(o_s + r * HS + d);
-    o = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+    const float inv = 1.f / l_s[r];  // l >= 1: the row's largest score contributes exp2(0)
+    const float4 o_sum = *reinterpret_cast<const float4*>(o_s + r * HS + d);
+    const float4 o = make_float4(o_sum.x * inv, o_sum.y * inv, o_sum.z * inv, o_sum.w * inv);
     const int64_t head = static_cast<int64_t>(q_start + row / p.group) * p.num_heads +
                          kv_head * p.group + row % p.group;
     if (p.ws_o == nullptr) {
-      Pack<T, 4> packed;
-      packed.v[0] = static_cast<T>(o.x), packed.v[1] = static_cast<T>(o.y);
-      packed.v[2] = static_cast<T>(o.z), packed.v[3] = static_cast<T>(o.w);
-      *reinterpret_cast<Pack<T, 4>*>(static_cast<T*>(p.out) + head * HS + d) = packed;
+      *reinterpret_cast<Pack<T, 4>*>(static_cast<T*>(p.out) + head * HS + d) =
+          Pack<T, 4>{{static_cast<T>(o.x), static_cast<T>(o.y), static_cast<T>(o.z), static_cast<T>(o.w)}};
     } else {
       const int64_t slot = head * p.num_parts + part;
       *reinterpret_cast<float4*>(p.ws_o + slot * HS + d) = o;
@@ -343,43 +321,38 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
   }
 }
 
-// grid (ceil(num_tokens * num_heads / kWarps)); one warp per (token, head) merges the
-// partitions the token's row can see: out = sum_p l_p 2^(m_p - M) o_p / sum_p l_p 2^(m_p - M).
+// grid (ceil(num_tokens * num_heads / kWarps)); a warp per (token, head) merges the partitions
+// its row sees: out = sum_p l_p 2^(m_p - M) o_p / sum_p l_p 2^(m_p - M).
 template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const Params p) {
   const int lane = threadIdx.x % 32;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (idx >= static_cast<int64_t>(p.num_tokens) * p.num_heads) return;
   const int token = static_cast<int>(idx / p.num_heads);
-  // the owning sequence is the last s with query_start_loc[s] <= token
   const int* qsl = p.query_start_loc;
   if (qsl[0] > token) return;
-  int lo = 0, hi = p.num_seqs + 1;
+  int lo = 0, hi = p.num_seqs + 1;  // the owner is the last s with query_start_loc[s] <= token
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (qsl[mid] <= token) lo = mid; else hi = mid;
+    (qsl[mid] <= token ? lo : hi) = mid;
   }
   if (lo == p.num_seqs) return;  // past every sequence's tokens (padding): left untouched
-  const int q_len = qsl[lo + 1] - qsl[lo];
-  const int vis = visible_keys(p, p.context_lens[lo], q_len, token - qsl[lo]);
+  const int vis = visible_keys(p, p.context_lens[lo], qsl[lo + 1] - qsl[lo], token - qsl[lo]);
   const int parts = vis <= 0 ? 0 : (vis + p.part_size - 1) / p.part_size;
   const float2* ml = reinterpret_cast<const float2*>(p.ws_ml) + idx * p.num_parts;
-  float m = -INFINITY;
+  float m = -INFINITY, w = 0.f;
   for (int i = lane; i < parts; i += 32) m = fmaxf(m, ml[i].x);
   m = warp_max(m);
-  float w = 0.f;
   for (int i = lane; i < parts; i += 32) w += ml[i].y * exp2f(ml[i].x - m);
   w = warp_sum(w);
-  const float inv = w > 0.f ? 1.f / w : 0.f;
   constexpr int kPer = (HS + 31) / 32;
   float acc[kPer] = {};
-  const float* o = p.ws_o + idx * p.num_parts * HS;
   for (int i = 0; i < parts; ++i) {
-    const float2 x = ml[i];
-    const float wi = x.y * exp2f(x.x - m) * inv;
+    const float wi = ml[i].y * exp2f(ml[i].x - m) / w;
+    const float* o = p.ws_o + (idx * p.num_parts + i) * HS;
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
-      if (lane + 32 * k < HS) acc[k] += wi * o[i * HS + lane + 32 * k];
+      if (lane + 32 * k < HS) acc[k] += wi * o[lane + 32 * k];
     }
   }
   T* out = static_cast<T*>(p.out) + idx * HS;
@@ -394,15 +367,17 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 template <typename T, int HS>
 void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStream_t stream) {
   using C = Cfg<T, HS>;
-  // Items over-count (sequence, row tile) pairs: sum_s ceil(q_s g / R) <= T g / R + S.
-  const int64_t items = static_cast<int64_t>(p.num_tokens) * p.group / C::kRows + p.num_seqs;
-  // Split the context into enough partitions to give the GPU ~4 blocks per SM (decode at
-  // small batch); large batches and prefills get one partition and skip the combine pass.
+  // Items over-count the (sequence, row tile) pairs: sum_s ceil(q_s g / R) <= T g / R + S, and
+  // each pair holds at least one of the T g rows.
+  const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.group;
+  const int64_t items = std::min(rows / C::kRows + p.num_seqs, rows);
+  // Split the context into enough partitions for ~4 blocks per SM (decode at small batch);
+  // large batches and prefills get one partition and skip the combine pass.
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, query.get_device()));
   const int64_t max_tiles = ceil_div(max_context_len, kTileKeys);
-  const int64_t wanted = ceil_div(4 * sms, items * p.num_kv_heads);
-  const int64_t tiles_per_part = ceil_div(max_tiles, std::clamp<int64_t>(wanted, 1, max_tiles));
+  const int64_t wanted = std::clamp<int64_t>(ceil_div(4 * sms, items * p.num_kv_heads), 1, max_tiles);
+  const int64_t tiles_per_part = ceil_div(max_tiles, wanted);
   p.num_parts = static_cast<int>(ceil_div(max_tiles, tiles_per_part));
   p.part_size = static_cast<int>(tiles_per_part * kTileKeys);
   TORCH_CHECK(items <= INT32_MAX && p.num_parts <= 65535 && p.num_kv_heads <= 65535,
@@ -427,7 +402,7 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
   }
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 #define VLLM_CUDA_DISPATCH_FLOAT_TYPES(TYPE, NAME, ...)                   \
   AT_DISPATCH_SWITCH(TYPE, NAME,                                          \
@@ -437,39 +412,31 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 }  // namespace
 
-// Sequence metadata (query_start_loc, context_lens, block_tables) is trusted as the CPU checks
-// it on the host; doing so here would need a sync. Keys past max_context_len are not attended.
+// The sequence metadata is trusted: the CPU checks it on the host, which here would need a
+// sync. Keys past max_context_len are not attended.
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& context_lens, const at::Tensor& query_start_loc,
                      int64_t max_context_len, double scale) {
   vllm::check_paged_attention_args(out, query, key_cache, value_cache, block_tables, context_lens,
                                    query_start_loc);
-  TORCH_CHECK(max_context_len >= 0, "max_context_len must be non-negative, got ", max_context_len);
   const int64_t num_tokens = query.size(0), num_heads = query.size(1), head_size = query.size(2);
   const int64_t num_seqs = context_lens.size(0);
+  TORCH_CHECK(max_context_len >= 0 && max_context_len <= INT32_MAX,
+              "max_context_len must be in [0, 2^31), got ", max_context_len);
   if (num_tokens == 0 || num_heads == 0 || num_seqs == 0 || max_context_len == 0) return;
-  TORCH_CHECK(aligned16(out.data_ptr()) && aligned16(query.data_ptr()) &&
-                  aligned16(key_cache.data_ptr()) && aligned16(value_cache.data_ptr()),
+  TORCH_CHECK(aligned16(out) && aligned16(query) && aligned16(key_cache) && aligned16(value_cache),
               "paged_attention: out, query and the caches must be 16-byte aligned");
-  TORCH_CHECK(num_tokens * num_heads <= INT32_MAX && key_cache.size(2) * block_tables.size(1) <= INT32_MAX,
-              "paged_attention: tensors too large");
-  Params p{};
-  p.out = out.data_ptr();
-  p.query = query.data_ptr();
-  p.key_cache = key_cache.data_ptr();
-  p.value_cache = value_cache.data_ptr();
-  p.block_tables = block_tables.data_ptr<int>();
-  p.context_lens = context_lens.data_ptr<int>();
-  p.query_start_loc = query_start_loc.data_ptr<int>();
-  p.num_seqs = static_cast<int>(num_seqs);
-  p.num_tokens = static_cast<int>(num_tokens);
-  p.num_heads = static_cast<int>(num_heads);
-  p.num_kv_heads = static_cast<int>(key_cache.size(1));
-  p.group = p.num_heads / p.num_kv_heads;
-  p.block_size = static_cast<int>(key_cache.size(2));
-  p.max_blocks = static_cast<int>(block_tables.size(1));
-  p.scale_log2 = static_cast<float>(scale) * kLog2e;
+  TORCH_CHECK(num_tokens * num_heads <= INT32_MAX &&
+                  key_cache.size(2) * block_tables.size(1) <= INT32_MAX,
+              "paged_attention: sizes past the int32 range");
+  const int num_kv_heads = static_cast<int>(key_cache.size(1));
+  Params p{out.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+           block_tables.data_ptr<int>(), context_lens.data_ptr<int>(),
+           query_start_loc.data_ptr<int>(), nullptr, nullptr, static_cast<int>(num_seqs),
+           static_cast<int>(num_tokens), static_cast<int>(num_heads), num_kv_heads,
+           static_cast<int>(num_heads) / num_kv_heads, static_cast<int>(key_cache.size(2)),
+           static_cast<int>(block_tables.size(1)), 0, 0, static_cast<float>(scale) * kLog2e};
   const c10::cuda::OptionalCUDAGuard guard(device_of(query));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   VLLM_CUDA_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {

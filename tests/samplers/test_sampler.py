@@ -186,6 +186,18 @@ def test_top_p_set_does_not_depend_on_token_order():
         assert kept(row) == {int(torch.nonzero(p == t)) for t in (1, 2, 4, 5)}
 
 
+def test_unfiltered_rows_are_bit_identical_beside_filtered_rows():
+    # a seeded row's draw must not depend on its neighbours, down to the last bit of its probs
+    logits = torch.randn(19, 64)
+    plain = [SamplingParams(temperature=0.9)] * 16
+    alone = Sampler.compute_probs(logits[:16], build(plain, 64))
+    neighbours = [SamplingParams(top_p=0.3), SamplingParams(top_k=4), SamplingParams(min_p=0.2)]
+    mixed = Sampler.compute_probs(logits, build(plain + neighbours, 64))
+    assert torch.equal(mixed[:16], alone)
+    for row in range(16, 19):
+        assert len(kept(mixed[row])) < 64
+
+
 def test_top_k_only_path_sorts_nothing(monkeypatch):
     logits = torch.randn(4, 30)
     params = [SamplingParams(top_k=3), SamplingParams(top_k=7), SamplingParams(),

@@ -57,6 +57,10 @@ class EngineArgs:
                                 default=argparse.SUPPRESS, help="accepted and ignored")
         return parser
 
+    @staticmethod
+    def field_names() -> set[str]:
+        return set(_FIELDS) | IGNORED_FLAGS
+
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
         return cls(**{k: v for k, v in vars(args).items() if k in _FIELDS or k in IGNORED_FLAGS})

@@ -15,7 +15,7 @@ from vllm.sampling_params import SamplingParams
 # slack, so a mass that equals top_p on paper is not undone by fp32 rounding in softmax/cumsum.
 _TOP_P_RTOL = 1e-6
 
-# rows of SamplingBatch._scalars, packed so that build() makes one host-to-device copy
+# rows of the [8, num_seqs] tensor build() packs, so that it makes one host-to-device copy
 _TEMPERATURE, _TOP_P, _MIN_P, _TOP_K, _PRESENCE, _FREQUENCY, _REPETITION, _GREEDY = range(8)
 
 
@@ -41,8 +41,9 @@ class SamplingBatch:
     prompt_token_mask: Optional[torch.Tensor] = None
     banned_rows: Optional[torch.Tensor] = None  # [num_banned] int64: min_tokens ban, the rows
     banned_token_ids: Optional[torch.Tensor] = None  # [num_banned] int64: and their tokens
-    generators: list = field(default_factory=list)  # per row: its own torch.Generator or None
-    seeded_rows: list = field(default_factory=list)  # rows that have their own generator
+    # per row: its own torch.Generator, or None for the device's default generator
+    generators: list[Optional[torch.Generator]] = field(default_factory=list)
+    seeded_rows: list[int] = field(default_factory=list)  # rows that have their own generator
     unseeded_rows: Optional[torch.Tensor] = None  # [num_unseeded] int64; set when some are seeded
     max_num_logprobs: Optional[int] = None  # most top logprobs a row asked for; None: none asked
 

@@ -227,6 +227,7 @@ class GGUFCheckpoint:
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".tmp-", dir=directory.parent))
         try:
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the GGUF next to it is not
             config.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             (tmp / _SIDECAR_STAMP).write_text(json.dumps(_source_stamp(self.path)) + "\n")
@@ -265,6 +266,10 @@ class GGUFCheckpoint:
         # what AutoConfig records when it reads the GGUF itself, so the two compare equal
         config._name_or_path = str(self.path.parent)
         config.transformers_version = None
+        if bool(getattr(config, "tie_word_embeddings", False)) != self.tie_word_embeddings:
+            logger.warning("%s: config.tie_word_embeddings=%s but the file %s an output matrix",
+                           self.path, config.tie_word_embeddings,
+                           "lacks" if self.tie_word_embeddings else "has")
         return config
 
     def load_tokenizer(self):

@@ -1,0 +1,131 @@
+"""Latency of one batch of requests, end to end, with vLLM's flags and output.
+
+    python benchmarks/benchmark_latency.py --model MODEL [--load-format dummy] --batch-size 8 \
+        --input-len 128 --output-len 128 [--hf-baseline] [--output-json out.json]
+
+Prints "Avg latency: ... seconds" and the percentiles, tokens/s, the decode step time (from a
+prefill-only run and the full run) against its floor (weight + KV bytes over the memory bandwidth
+measured in this run), and with --hf-baseline the same figures for Hugging Face transformers."""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.hf_baseline import hf_generate_latency, load_hf_model  # noqa: E402
+from benchmarks.timing import copy_bandwidth_gbps, provenance  # noqa: E402
+from vllm import LLM, SamplingParams  # noqa: E402
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+
+PERCENTILES = [10, 25, 50, 75, 90, 99]
+
+
+def run_engine(llm: LLM, args, output_len: int, iters: int, desc: str) -> list[float]:
+    vocab = llm.llm_engine.config.hf_config.vocab_size
+    rng = np.random.default_rng(0)
+    prompts = [{"prompt_token_ids": rng.integers(0, vocab, args.input_len).tolist()}
+               for _ in range(args.batch_size)]
+    params = SamplingParams(n=args.n, temperature=args.temperature, top_p=1.0, ignore_eos=True,
+                            max_tokens=output_len)
+    for _ in range(args.num_iters_warmup):
+        llm.generate(prompts, params, use_tqdm=False)
+    latencies = []
+    for _ in tqdm(range(iters), desc=desc, disable=iters < 2):
+        start = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        latencies.append(time.perf_counter() - start)
+    return latencies
+
+
+def decode_floor_ms(llm: LLM, args, bandwidth_gbps: float) -> float:
+    """Bytes one decode step must read (all weights, the batch's mean KV) over the bandwidth."""
+    config = llm.llm_engine.config
+    model = llm.llm_engine.worker.model_runner.model
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    from vllm.worker.kv_cache import block_bytes
+    per_token_kv = block_bytes(config) / config.cache_config.block_size
+    mean_context = args.input_len + args.output_len / 2
+    kv_bytes = per_token_kv * mean_context * args.batch_size * args.n
+    return (weight_bytes + kv_bytes) / (bandwidth_gbps * 1e9) * 1e3
+
+
+def summarize(latencies: list[float], prefill: list[float], args) -> dict:
+    avg = float(np.mean(latencies))
+    decode_ms = (np.median(latencies) - np.median(prefill)) / max(args.output_len - 1, 1) * 1e3
+    return {"avg_latency": avg, "latencies": latencies,
+            "percentiles": {str(p): float(np.percentile(latencies, p)) for p in PERCENTILES},
+            "tokens_per_s": args.batch_size * args.n * args.output_len / float(
+                np.median(latencies)),
+            "prefill_latency": float(np.median(prefill)), "decode_step_ms": float(decode_ms)}
+
+
+def main(args) -> dict:
+    engine_kwargs = {k: v for k, v in vars(args).items() if k in EngineArgs.field_names()}
+    llm = LLM(**engine_kwargs)
+    device = str(llm.llm_engine.config.device.type)
+    result = {"provenance": provenance(), "device": device}
+    bandwidth = copy_bandwidth_gbps(device, (2 << 30) if device == "cuda" else (256 << 20))
+    prefill = run_engine(llm, args, 1, args.num_iters, "prefill-only")
+    latencies = run_engine(llm, args, args.output_len, args.num_iters, "engine")
+    result["engine"] = summarize(latencies, prefill, args)
+    result["copy_bandwidth_gbps"] = bandwidth
+    result["decode_floor_ms"] = decode_floor_ms(llm, args, bandwidth)
+    if args.hf_baseline:
+        config = llm.llm_engine.config
+        dtype, dummy = config.torch_dtype, config.model_config.load_format == "dummy"
+        hf_config = config.hf_config
+        del llm
+        torch.cuda.empty_cache() if device == "cuda" else None
+        hf = load_hf_model(args.model, hf_config, dtype, device, dummy)
+        hf_full = hf_generate_latency(hf, args.batch_size * args.n, args.input_len,
+                                      args.output_len, device, args.num_iters)
+        hf_prefill = hf_generate_latency(hf, args.batch_size * args.n, args.input_len, 1, device,
+                                         args.num_iters)
+        result["hf_transformers"] = summarize(hf_full, hf_prefill, args)
+    print_report(result)
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump({**result, "args": vars(args)}, f, indent=2, default=str)
+    return result
+
+
+def print_report(result: dict) -> None:
+    eng = result["engine"]
+    print(f"Avg latency: {eng['avg_latency']:.4f} seconds")
+    for p, v in eng["percentiles"].items():
+        print(f"{p}% percentile latency: {v:.4f} seconds")
+    print(f"\n{'':<18}{'tokens/s':>10}{'decode ms':>11}{'floor ms':>10}{'% floor':>9}")
+    floor = result["decode_floor_ms"]
+    for name in ("engine", "hf_transformers"):
+        if name in result:
+            r = result[name]
+            print(f"{name:<18}{r['tokens_per_s']:>10.1f}{r['decode_step_ms']:>11.2f}"
+                  f"{floor:>10.2f}{100 * floor / r['decode_step_ms']:>8.0f}%")
+    print(f"(floor: weights + mean KV bytes over {result['copy_bandwidth_gbps']:.0f} GB/s "
+          f"measured on {result['device']} in this run)")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--input-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--n", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--num-iters-warmup", type=int, default=1)
+    parser.add_argument("--num-iters", type=int, default=3)
+    parser.add_argument("--hf-baseline", action="store_true",
+                        help="also time Hugging Face transformers eager generation")
+    parser.add_argument("--output-json", type=str, default=None)
+    EngineArgs.add_cli_args(parser)
+    return parser
+
+
+if __name__ == "__main__":
+    main(make_parser().parse_args())
