@@ -4,6 +4,7 @@ import zlib
 import pytest
 import torch
 
+from tests.fixtures_models import qwen05_gguf, qwen15_gguf, smollm2_gguf  # noqa: F401
 from tests.utils import ERRORS
 
 

@@ -59,13 +59,15 @@ def build_model(out_dir: Path, arch: str = "llama", seed: int = 0, **overrides) 
     return out_dir
 
 
-def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int,
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int,
               dtype: torch.dtype = torch.float32) -> list[int]:
     """Greedy continuation by Hugging Face transformers (the reference): plain argmax with its
-    KV cache, no logits processors (so eos is an ordinary token, as with ignore_eos)."""
+    KV cache, no logits processors (so eos is an ordinary token, as with ignore_eos). `model` is
+    a checkpoint directory or an already loaded transformers model."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    if isinstance(model, (str, Path)):
+        model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
     out, past = [], None
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():

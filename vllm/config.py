@@ -1,7 +1,6 @@
 """Engine configuration: one dataclass per concern, each field with a default and a one-line help
 (field metadata), from which EngineArgs generates the CLI flags (vLLM's names)."""
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -149,7 +148,3 @@ def _resolve_dtype(dtype: str, hf_config: Any, device: torch.device) -> torch.dt
         result = torch.bfloat16
     return result
 
-
-def default_model_cache_dir() -> str:
-    return os.environ.get("VLLM_MODEL_CACHE",
-                          os.path.join(os.path.expanduser("~"), ".cache", "vllm-hetero", "models"))

@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
     cp_async_wait<1>();  // K tile t has landed (V tile t may not have)
     __syncthreads();
     float dot[C::kScoreRows] = {};
-#pragma unroll 2
+#pragma unroll (C::kChunks <= 8 ? C::kChunks : 2)
     for (int c = 0; c < C::kChunks; ++c) {
       const P kv = reinterpret_cast<const P*>(k_s + sj * C::kKvStride)[c];
       float kf[C::kVec];

