@@ -32,7 +32,7 @@ def run_engine(llm: LLM, args, output_len: int, iters: int, desc: str) -> list[f
     prompts = [{"prompt_token_ids": rng.integers(0, vocab, args.input_len).tolist()}
                for _ in range(args.batch_size)]
     params = SamplingParams(n=args.n, temperature=args.temperature, top_p=1.0, ignore_eos=True,
-                            max_tokens=output_len)
+                            max_tokens=output_len, detokenize=False)
     for _ in range(args.num_iters_warmup):
         llm.generate(prompts, params, use_tqdm=False)
     latencies = []
@@ -47,7 +47,9 @@ def decode_floor_ms(llm: LLM, args, bandwidth_gbps: float) -> float:
     """Bytes one decode step must read (all weights, the batch's mean KV) over the bandwidth."""
     config = llm.llm_engine.config
     model = llm.llm_engine.worker.model_runner.model
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # an untied embedding table is only gathered from (one row per token), never streamed
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                       if "embed_tokens" not in n or getattr(model, "tie_word_embeddings", False))
     from vllm.worker.kv_cache import block_bytes
     per_token_kv = block_bytes(config) / config.cache_config.block_size
     mean_context = args.input_len + args.output_len / 2
