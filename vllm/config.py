@@ -109,7 +109,8 @@ class VllmConfig:
             dev = "cuda" if torch.cuda.is_available() else "cpu"
         if dev == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but no CUDA GPU is available")
-        self.device = torch.device(dev)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if dev == "cuda" \
+            else torch.device("cpu")
         self.torch_dtype = _resolve_dtype(self.model_config.dtype, self.hf_config, self.device)
         mc = self.model_config
         limit = getattr(self.hf_config, "max_position_embeddings", None) or 2048
