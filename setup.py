@@ -70,7 +70,8 @@ class CMakeBuild(build_ext):
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
         print(f"building vllm._C for {target} in {build_dir}", flush=True)
         subprocess.check_call(["cmake", str(ROOT), *args], cwd=build_dir)
-        subprocess.check_call(["cmake", "--build", ".", "-j", jobs], cwd=build_dir)
+        verbose = ["-v"] if os.environ.get("VERBOSE") else []
+        subprocess.check_call(["cmake", "--build", ".", "-j", jobs, *verbose], cwd=build_dir)
 
 
 setup(
