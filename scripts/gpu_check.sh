@@ -10,6 +10,10 @@ OUT_DIR="${2:-${OUT:-out}}"
 mkdir -p "$OUT_DIR"
 PY="${PYTHON:-python3}"
 export VLLM_TARGET_DEVICE=cuda MAX_JOBS="${MAX_JOBS:-16}" PYTHONUNBUFFERED=1
+# The image's first g++ (/opt/gcc) links parts of libstdc++ statically (a "nonshared" archive);
+# those copies crash iostream formatting in error messages. The system compiler links the shared
+# libstdc++ that torch itself uses.
+if [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 status=0
 
 echo "== environment"
