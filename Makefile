@@ -21,6 +21,9 @@ test: build
 	$(PY) -m pytest tests -q $(PYTEST_ARGS)
 
 demo: build
+	$(PY) examples/offline_inference.py
+
+bench-kernels: build
 	$(PY) benchmarks/benchmark_kernels.py --device cpu
 
 clean:
