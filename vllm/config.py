@@ -60,7 +60,92 @@ class ParallelConfig:
     pipeline_parallel_size: int = doc(1, "pipeline stages (only 1 is supported)")
 
 
-CONFIG_CLASSES = (ModelConfig, CacheConfig, SchedulerConfig, DeviceConfig, ParallelConfig)
+@dataclass
+class SpeculativeConfig:
+    speculative_model: Optional[str] = doc(None, "draft model (HF dir or .gguf) or '[ngram]' "
+                                           "for prompt-lookup proposals")
+    num_speculative_tokens: Optional[int] = doc(None, "tokens drafted per step (k)")
+    cpu_draft_worker: bool = doc(False, "run the draft model on the CPU (its own KV cache, "
+                                 "sized by VLLM_CPU_KVCACHE_SPACE, and threads)")
+    speculative_draft_dtype: str = doc("auto", "draft dtype on the CPU: auto (bfloat16 for "
+                                       "fp16 checkpoints), float32 or bfloat16 (ours)",
+                                       choices=["auto", "float32", "bfloat16", "float16"])
+    ngram_prompt_lookup_max: Optional[int] = doc(None, "longest n-gram matched by [ngram]")
+    ngram_prompt_lookup_min: Optional[int] = doc(None, "shortest n-gram matched by [ngram]")
+    spec_decoding_acceptance_method: str = doc(
+        "rejection_sampler", "rejection_sampler (lossless) or typical_acceptance_sampler",
+        choices=["rejection_sampler", "typical_acceptance_sampler"])
+    typical_acceptance_sampler_posterior_threshold: float = doc(
+        0.09, "typical acceptance: probability threshold (epsilon)")
+    typical_acceptance_sampler_posterior_alpha: float = doc(
+        0.3, "typical acceptance: entropy scale (delta)")
+    speculative_disable_by_batch_size: Optional[int] = doc(
+        None, "no speculation in steps with at least this many running requests")
+    speculative_draft_tensor_parallel_size: Optional[int] = doc(None, "draft TP size (1 only)")
+    speculative_max_model_len: Optional[int] = doc(None, "longest sequence the draft handles; "
+                                                   "longer ones continue without speculation")
+    speculative_config: Optional[dict] = doc(None, "JSON: {method, model, "
+                                             "num_speculative_tokens, draft_device, ...}")
+
+    def resolve(self) -> None:
+        """Folds speculative_config (the modern form) into the flat fields and checks them."""
+        sc = dict(self.speculative_config or {})
+        if sc:
+            method = sc.pop("method", None)
+            model = sc.pop("model", None)
+            if method in ("ngram", "[ngram]") or model == "[ngram]":
+                model = "[ngram]"
+            elif method not in (None, "draft_model", "eagle") and model is None:
+                raise ValueError(f"speculative_config method {method!r} is not supported "
+                                 "(draft_model or ngram)")
+            self.speculative_model = model or self.speculative_model
+            device = sc.pop("draft_device", None)
+            if device not in (None, "cpu", "cuda", "auto"):
+                raise ValueError(f"speculative_config draft_device must be cpu or cuda, got "
+                                 f"{device!r}")
+            self.cpu_draft_worker = self.cpu_draft_worker or device == "cpu"
+            renames = {"prompt_lookup_max": "ngram_prompt_lookup_max",
+                       "prompt_lookup_min": "ngram_prompt_lookup_min",
+                       "max_model_len": "speculative_max_model_len",
+                       "disable_by_batch_size": "speculative_disable_by_batch_size",
+                       "acceptance_method": "spec_decoding_acceptance_method"}
+            for key, value in sc.items():
+                name = renames.get(key, key)
+                if name not in {f.name for f in dataclasses.fields(self)}:
+                    raise ValueError(f"unknown speculative_config key {key!r}")
+                setattr(self, name, value)
+        if self.speculative_model is None:
+            if self.num_speculative_tokens is not None:
+                raise ValueError("num_speculative_tokens needs speculative_model")
+            return
+        k = self.num_speculative_tokens
+        if k is None or not isinstance(k, int) or k < 1:
+            raise ValueError(f"num_speculative_tokens must be an integer >= 1 when "
+                             f"speculative_model is set, got {k!r}")
+        if self.speculative_draft_tensor_parallel_size not in (None, 1):
+            raise ValueError("speculative_draft_tensor_parallel_size must be 1")
+        if self.is_ngram:
+            hi = self.ngram_prompt_lookup_max or 4
+            lo = self.ngram_prompt_lookup_min or 1
+            if not 1 <= lo <= hi:
+                raise ValueError(f"need 1 <= ngram_prompt_lookup_min ({lo}) <= "
+                                 f"ngram_prompt_lookup_max ({hi})")
+            self.ngram_prompt_lookup_max, self.ngram_prompt_lookup_min = hi, lo
+        if (self.speculative_disable_by_batch_size is not None
+                and self.speculative_disable_by_batch_size < 2):
+            raise ValueError("speculative_disable_by_batch_size must be >= 2")
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative_model is not None
+
+    @property
+    def is_ngram(self) -> bool:
+        return self.speculative_model == "[ngram]"
+
+
+CONFIG_CLASSES = (ModelConfig, CacheConfig, SchedulerConfig, DeviceConfig, ParallelConfig,
+                  SpeculativeConfig)
 
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
@@ -74,6 +159,7 @@ class VllmConfig:
     scheduler_config: SchedulerConfig
     device_config: DeviceConfig
     parallel_config: ParallelConfig
+    speculative_config: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     hf_config: Any = None
     torch_dtype: torch.dtype = torch.float32
     device: torch.device = torch.device("cpu")
@@ -101,6 +187,7 @@ class VllmConfig:
                              f"{self.cache_config.gpu_memory_utilization}")
         if mc.max_model_len is not None and mc.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {mc.max_model_len}")
+        self.speculative_config.resolve()
 
     def resolve(self) -> None:
         """Derives device, dtype, max_model_len and token budget from the model's config."""

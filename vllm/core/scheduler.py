@@ -16,6 +16,12 @@ class SchedulerOutput:
     requests: list[Request] = field(default_factory=list)  # in batch order
     num_scheduled_tokens: list[int] = field(default_factory=list)  # aligned with requests
     preempted: list[Request] = field(default_factory=list)
+    # speculative decoding, aligned with requests: KV slots reserved past the last token (k for
+    # a decoding request when speculating, else 0), and the drafts the engine put in them
+    num_lookahead: list[int] = field(default_factory=list)
+    draft_token_ids: list[list[int]] = field(default_factory=list)
+    # request index -> draft probs [num_drafts, vocab] (absent: a deterministic proposal)
+    draft_probs: dict = field(default_factory=dict)
 
     @property
     def total_num_tokens(self) -> int:
@@ -24,7 +30,8 @@ class SchedulerOutput:
     def samples(self, i: int) -> bool:
         """Whether request i reaches its last known token this step (and so samples)."""
         req = self.requests[i]
-        return req.num_computed_tokens + self.num_scheduled_tokens[i] == req.num_tokens
+        num_real = self.num_scheduled_tokens[i] - len(self.draft_token_ids[i])
+        return req.num_computed_tokens + num_real == req.num_tokens
 
     def is_empty(self) -> bool:
         return not self.requests
@@ -64,7 +71,9 @@ class Scheduler:
     def num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, num_lookahead: int = 0) -> SchedulerOutput:
+        """num_lookahead: KV slots (and token budget) to reserve past the last token of each
+        decoding request, for the k drafts of speculative decoding."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         # 1. running requests first, oldest first; preempt the newest when blocks run out
@@ -72,7 +81,12 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.block_manager.grow(req.block_ids, req.num_computed_tokens + num_new):
+            decoding = req.num_computed_tokens == req.num_tokens - 1
+            lookahead = min(num_lookahead, self.max_model_len - req.num_tokens,
+                            budget - num_new) if decoding else 0
+            lookahead = max(lookahead, 0)
+            while not self.block_manager.grow(req.block_ids,
+                                              req.num_computed_tokens + num_new + lookahead):
                 victim = self.running[-1]
                 self._preempt(victim)
                 out.preempted.append(victim)
@@ -82,7 +96,9 @@ class Scheduler:
                 break
             out.requests.append(req)
             out.num_scheduled_tokens.append(num_new)
-            budget -= num_new
+            out.num_lookahead.append(lookahead)
+            out.draft_token_ids.append([])
+            budget -= num_new + lookahead
             i += 1
         # 2. admit waiting requests (not in a step that had to preempt)
         while (self.waiting and not out.preempted and budget > 0
@@ -99,6 +115,8 @@ class Scheduler:
             self.running.append(req)
             out.requests.append(req)
             out.num_scheduled_tokens.append(num_new)
+            out.num_lookahead.append(0)
+            out.draft_token_ids.append([])
             budget -= num_new
         return out
 
@@ -113,11 +131,14 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput, sampled: list[Optional[list[int]]]) -> None:
         """Advances each scheduled request by its scheduled tokens and appends what it sampled
-        (None for a request still in the middle of its prompt)."""
-        for req, num_new, new_ids in zip(out.requests, out.num_scheduled_tokens, sampled):
+        (None for a request still in the middle of its prompt; with drafts, the accepted drafts
+        and one target token)."""
+        for req, num_new, drafts, new_ids in zip(out.requests, out.num_scheduled_tokens,
+                                                 out.draft_token_ids, sampled):
             if req.status != RequestStatus.RUNNING:
                 continue
-            req.num_computed_tokens += num_new
+            # with drafts, the KV of the last token and of the accepted drafts is kept
+            req.num_computed_tokens += len(new_ids) if drafts else num_new
             if new_ids:
                 req.output_token_ids.extend(new_ids)
 

@@ -52,28 +52,31 @@ class Detokenizer:
         return delta
 
 
-def check_stop(req: Request, new_ids: list[int], new_text: str, max_model_len: int
-               ) -> Optional[RequestStatus]:
-    """Whether req must finish after appending new_ids (whose text is new_text); truncates
-    output_text at a stop string and sets req.stop_reason."""
+def check_token_stop(req: Request, token_id: int, num_out: int, max_model_len: int
+                     ) -> Optional[RequestStatus]:
+    """Whether req ends at its num_out-th output token, token_id (eos, a stop token id, or a
+    length limit); sets req.stop_reason for a stop token id."""
     params = req.sampling_params
-    num_out = len(req.output_token_ids)
-    last = new_ids[-1]
     if num_out >= params.min_tokens:
-        if not params.ignore_eos and last == req.eos_token_id:
+        if not params.ignore_eos and token_id == req.eos_token_id:
             return RequestStatus.FINISHED_STOPPED
-        if last in params.stop_token_ids:
-            req.stop_reason = last
+        if token_id in params.stop_token_ids:
+            req.stop_reason = token_id
             return RequestStatus.FINISHED_STOPPED
-        if params.stop and new_text:
-            status = _check_stop_strings(req, len(new_text))
-            if status is not None:
-                return status
     if params.max_tokens is not None and num_out >= params.max_tokens:
         return RequestStatus.FINISHED_LENGTH_CAPPED
-    if req.num_tokens >= max_model_len:
+    if req.num_prompt_tokens + num_out >= max_model_len:
         return RequestStatus.FINISHED_LENGTH_CAPPED
     return None
+
+
+def check_stop_strings(req: Request, new_text: str) -> Optional[RequestStatus]:
+    """Whether a stop string appeared in new_text (with the text before it); truncates
+    output_text there and sets req.stop_reason."""
+    params = req.sampling_params
+    if not params.stop or not new_text or len(req.output_token_ids) < params.min_tokens:
+        return None
+    return _check_stop_strings(req, len(new_text))
 
 
 def _check_stop_strings(req: Request, num_new_chars: int) -> Optional[RequestStatus]:

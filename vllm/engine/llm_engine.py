@@ -29,15 +29,18 @@ import torch
 from vllm.config import VllmConfig
 from vllm.core.block_manager import BlockManager
 from vllm.core.request import Request, RequestStatus
-from vllm.core.scheduler import Scheduler
+from vllm.core.scheduler import Scheduler, SchedulerOutput
 from vllm.engine.arg_utils import EngineArgs
-from vllm.engine.detokenizer import Detokenizer, check_stop
+from vllm.engine.detokenizer import Detokenizer, check_stop_strings, check_token_stop
 from vllm.engine.tokenizer import get_tokenizer
 from vllm.logger import init_logger
 from vllm.model_executor.sampler import LogprobsTensors
 from vllm.model_executor.model_loader.loader import load_hf_config
 from vllm.outputs import CompletionOutput, Logprob, RequestOutput
 from vllm.sampling_params import SamplingParams
+from vllm.spec_decode.metrics import SpecDecodeMetrics
+from vllm.spec_decode.ngram_proposer import NgramProposer
+from vllm.spec_decode.proposer import Proposer
 from vllm.worker.model_runner import RunnerOutput
 from vllm.worker.worker import Worker
 
@@ -72,6 +75,17 @@ class LLMEngine:
         self.detokenizer = Detokenizer(self.tokenizer)
         self.groups: dict[str, _RequestGroup] = {}
         self.eos_token_id = self.tokenizer.eos_token_id
+        self.spec_config = config.speculative_config
+        self.proposer = self._create_proposer() if self.spec_config.enabled else None
+        self.spec_metrics = SpecDecodeMetrics()
+        self._last_log_time = time.time()
+
+    def _create_proposer(self) -> Proposer:
+        spec = self.spec_config
+        if spec.is_ngram:
+            return NgramProposer(spec.ngram_prompt_lookup_max, spec.ngram_prompt_lookup_min)
+        from vllm.spec_decode.draft_worker import DraftModelProposer
+        return DraftModelProposer(self.config, self.tokenizer)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -151,6 +165,8 @@ class LLMEngine:
             self.scheduler.abort_requests([c.req_id for c in group.children])
             for child in group.children:
                 self.detokenizer.free(child)
+                if self.proposer is not None:
+                    self.proposer.free(child.req_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -161,11 +177,16 @@ class LLMEngine:
     # one step
 
     def step(self) -> list[RequestOutput]:
-        sched_out = self.scheduler.schedule()
+        num_lookahead = self._num_lookahead()
+        sched_out = self.scheduler.schedule(num_lookahead)
         if sched_out.is_empty():
             return []
+        speculating = num_lookahead > 0 and self._propose(sched_out)
+        start = time.perf_counter()
         result = self.worker.execute_model(sched_out)
         self.scheduler.update(sched_out, result.sampled)
+        if speculating:
+            self._record_verification(sched_out, result, time.perf_counter() - start)
         self._record_logprobs(sched_out.requests, result)
         touched: dict[str, None] = {}
         now = time.time()
@@ -174,17 +195,85 @@ class LLMEngine:
                 continue
             if req.first_token_time is None:
                 req.first_token_time = now
-            new_text = self.detokenizer.decode_new_tokens(req, new_ids)
-            status = check_stop(req, new_ids, new_text, self.max_model_len)
+            status = self._append_checked(req, new_ids)
             if status is not None:
                 self.scheduler.finish_request(req, status)
                 self.detokenizer.free(req)
+                if self.proposer is not None:
+                    self.proposer.free(req.req_id)
             touched[req.group_id] = None
         outputs = [self._make_output(self.groups[g]) for g in touched if g in self.groups]
         for output in outputs:
             if output.finished:
                 del self.groups[output.request_id]
         return outputs
+
+    # speculative decoding
+
+    def _num_lookahead(self) -> int:
+        """k, or 0 when speculation is off for this step (by batch size, or a request wants
+        logprobs, which the verification path does not produce)."""
+        spec = self.spec_config
+        if self.proposer is None:
+            return 0
+        running = self.scheduler.running
+        if (spec.speculative_disable_by_batch_size is not None
+                and len(running) >= spec.speculative_disable_by_batch_size):
+            return 0
+        if any(r.sampling_params.logprobs is not None for r in running):
+            return 0
+        return spec.num_speculative_tokens
+
+    def _propose(self, out: SchedulerOutput) -> bool:
+        """Asks the proposer for drafts into the reserved lookahead slots; False if none came."""
+        start = time.perf_counter()
+        idx = [i for i, n in enumerate(out.num_lookahead) if n > 0]
+        if not idx:
+            return False
+        proposal = self.proposer.propose([out.requests[i] for i in idx],
+                                         [out.num_lookahead[i] for i in idx]).result()
+        for i, drafts, probs in zip(idx, proposal.draft_token_ids, proposal.draft_probs):
+            drafts = drafts[:out.num_lookahead[i]]
+            out.draft_token_ids[i] = drafts
+            out.num_scheduled_tokens[i] += len(drafts)
+            if probs is not None and drafts:
+                out.draft_probs[i] = probs[:len(drafts)]
+        self.spec_metrics.draft_time_s += time.perf_counter() - start
+        return any(out.draft_token_ids[i] for i in idx)
+
+    def _record_verification(self, out: SchedulerOutput, result: RunnerOutput,
+                             elapsed: float) -> None:
+        self.spec_metrics.verify_time_s += elapsed
+        for req, drafts, new_ids in zip(out.requests, out.draft_token_ids, result.sampled):
+            if not drafts or not new_ids:
+                continue
+            self.spec_metrics.record(len(drafts), len(new_ids))
+            req_metrics = req.metrics.setdefault("spec_decode", SpecDecodeMetrics())
+            req_metrics.record(len(drafts), len(new_ids))
+            self.proposer.accept(req, len(new_ids) - 1)
+        if time.time() - self._last_log_time > 10.0:
+            self._last_log_time = time.time()
+            m = self.spec_metrics
+            logger.info("speculative decoding: acceptance rate %.3f, tokens per target forward "
+                        "%.2f, system efficiency %.3f, drafted %d, accepted %d, emitted %d, "
+                        "draft %.1f s, verify %.1f s", m.acceptance_rate, m.mean_accepted_length,
+                        m.system_efficiency(self.spec_config.num_speculative_tokens),
+                        m.num_draft_tokens, m.num_accepted_tokens, m.num_emitted_tokens,
+                        m.draft_time_s, m.verify_time_s)
+
+    def _append_checked(self, req: Request, new_ids: list[int]) -> Optional[RequestStatus]:
+        """Checks the tokens just appended to req one by one (a speculative step appends
+        several); drops those after a stop, then grows the text and checks stop strings."""
+        base = len(req.output_token_ids) - len(new_ids)
+        status = None
+        for j, token_id in enumerate(new_ids):
+            status = check_token_stop(req, token_id, base + j + 1, self.max_model_len)
+            if status is not None:
+                del req.output_token_ids[base + j + 1:]
+                new_ids = new_ids[:j + 1]
+                break
+        new_text = self.detokenizer.decode_new_tokens(req, new_ids)
+        return check_stop_strings(req, new_text) or status
 
     def _logprob_entry(self, ids: list[int], lps: list[float], rank: int,
                        num: int) -> dict[int, Logprob]:
@@ -225,10 +314,17 @@ class LLMEngine:
                 cumulative_logprob=cumulative, logprobs=req.logprobs,
                 finish_reason=req.status.finish_reason, stop_reason=req.stop_reason))
         first = group.children[0]
+        metrics = {"arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
+                   "num_preemptions": sum(c.num_preemptions for c in group.children)}
+        spec = [c.metrics["spec_decode"] for c in group.children if "spec_decode" in c.metrics]
+        if spec:
+            total = SpecDecodeMetrics()
+            for m in spec:
+                for key, value in vars(m).items():
+                    setattr(total, key, getattr(total, key) + value)
+            metrics["spec_decode"] = total.as_dict(self.spec_config.num_speculative_tokens)
         return RequestOutput(
             request_id=group.request_id, prompt=group.prompt,
             prompt_token_ids=group.prompt_token_ids, prompt_logprobs=first.prompt_logprobs,
             outputs=outputs, finished=all(c.is_finished for c in group.children),
-            metrics={"arrival_time": first.arrival_time, "first_token_time":
-                     first.first_token_time, "num_preemptions": sum(c.num_preemptions
-                                                                    for c in group.children)})
+            metrics=metrics)

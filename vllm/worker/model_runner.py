@@ -16,6 +16,7 @@ from vllm.forward_context import AttentionMetadata, set_forward_context
 from vllm.model_executor.model_loader.loader import get_model
 from vllm.model_executor.sampler import (LogprobsTensors, Sampler, SamplerOutput, SamplingBatch,
                                          compute_prompt_logprobs)
+from vllm.spec_decode.rejection_sampler import RejectionSampler
 from vllm.worker import kv_cache
 from vllm.worker.cuda_graph import CudaGraphRunner
 
@@ -25,7 +26,9 @@ class ModelInput:
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
     attn_metadata: AttentionMetadata
-    logits_indices: torch.Tensor  # [num_sampling]: batch row of each sampling request's last token
+    # [num_rows]: batch rows whose logits are needed: each sampling request's last token, plus
+    # its drafts' rows when it speculates
+    logits_indices: torch.Tensor
     sampling_requests: list[int]  # index into SchedulerOutput.requests, aligned with the above
 
 
@@ -48,6 +51,11 @@ class ModelRunner:
         self.sampler = Sampler()
         self.vocab_size = config.hf_config.vocab_size
         self.cuda_graphs: Optional[CudaGraphRunner] = None
+        spec = config.speculative_config
+        self.rejection_sampler = RejectionSampler(
+            spec.spec_decoding_acceptance_method,
+            spec.typical_acceptance_sampler_posterior_threshold,
+            spec.typical_acceptance_sampler_posterior_alpha)
 
     def load_model(self) -> None:
         self.model = get_model(self.config)
@@ -99,14 +107,18 @@ class ModelRunner:
         for i, (req, num_new) in enumerate(zip(out.requests, out.num_scheduled_tokens)):
             start = req.num_computed_tokens
             end = start + num_new
-            input_ids.extend(req.token_slice(start, end))
+            drafts = out.draft_token_ids[i] if out.draft_token_ids else []
+            input_ids.extend(req.token_slice(start, end - len(drafts)))
+            input_ids.extend(drafts)
             positions.extend(range(start, end))
             blocks = req.block_ids
             slot_mapping.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
             context_lens.append(end)
             query_start_loc.append(query_start_loc[-1] + num_new)
             if out.samples(i):
-                logits_indices.append(query_start_loc[-1] - 1)
+                # the last token's row, and with drafts each draft's row too
+                last = query_start_loc[-1]
+                logits_indices.extend(range(last - 1 - len(drafts), last))
                 sampling_requests.append(i)
         max_blocks = max(len(r.block_ids) for r in out.requests)
         block_tables = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in out.requests]
@@ -134,14 +146,37 @@ class ModelRunner:
         sampled: list[Optional[list[int]]] = [None] * len(out.requests)
         sampler_output = None
         if inp.sampling_requests:
-            logits = self.model.compute_logits(hidden[inp.logits_indices])  # [num_sampling, V]
-            reqs = [out.requests[i] for i in inp.sampling_requests]
-            batch = self.build_sampling_batch(reqs)
-            sampler_output = self.sampler.sample(logits, batch)
-            token_ids = sampler_output.sampled_token_ids.tolist()
-            for i, token_id in zip(inp.sampling_requests, token_ids):
-                sampled[i] = [token_id]
+            logits = self.model.compute_logits(hidden[inp.logits_indices])  # [num_rows, V]
+            drafts = [out.draft_token_ids[i] if out.draft_token_ids else []
+                      for i in inp.sampling_requests]
+            if any(drafts):
+                for i, new_ids in zip(inp.sampling_requests,
+                                      self._verify(out, inp.sampling_requests, drafts, logits)):
+                    sampled[i] = new_ids
+            else:
+                reqs = [out.requests[i] for i in inp.sampling_requests]
+                batch = self.build_sampling_batch(reqs)
+                sampler_output = self.sampler.sample(logits, batch)
+                token_ids = sampler_output.sampled_token_ids.tolist()
+                for i, token_id in zip(inp.sampling_requests, token_ids):
+                    sampled[i] = [token_id]
         return RunnerOutput(sampled, sampler_output, inp.sampling_requests, prompt_logprobs)
+
+    def _verify(self, out: SchedulerOutput, indices: list[int], drafts: list[list[int]],
+                logits: torch.Tensor) -> list[list[int]]:
+        """Speculative step: every sampling request's rows (its drafts, possibly none) verified
+        by the rejection sampler against the drafts' distributions."""
+        reqs = [out.requests[i] for i in indices]
+        # one sampling row per target row; row j of a request has seen its first j drafts
+        rows = [(r, d[:j]) for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
+        batch = SamplingBatch.build(
+            [r.sampling_params for r, _ in rows], [r.prompt_token_ids for r, _ in rows],
+            [r.output_token_ids + seen for r, seen in rows], [None] * len(rows),
+            self.vocab_size, self.device, eos_token_id=reqs[0].eos_token_id)
+        probs = [out.draft_probs.get(i) for i in indices]
+        return self.rejection_sampler.verify(
+            logits, batch, drafts, probs, [r.sampling_params.is_greedy for r in reqs],
+            [r.generator for r in reqs])
 
     def run_model(self, inp: ModelInput) -> torch.Tensor:
         md = inp.attn_metadata

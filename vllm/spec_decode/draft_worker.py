@@ -1,0 +1,181 @@
+"""The draft model as a proposer, on its own device (the CPU with cpu_draft_worker): its own copy
+of the draft weights, its own paged KV cache and block pool, its own ModelRunner. Per request it
+keeps a DraftSequence: the target's tokens plus its own drafts, and how far its KV is valid.
+
+Each propose() first catches up, in one forward, on the tokens whose KV it lacks (the prompt, the
+target's last token, the bonus token it never drafted, drafts it made but never fed back), then
+runs k - 1 one-token forwards; accept() rolls the valid KV back to the accepted prefix."""
+import copy
+import time
+from typing import Any, Optional
+
+import torch
+
+from vllm import envs
+from vllm.config import VllmConfig
+from vllm.core.block_manager import BlockManager
+from vllm.core.request import Request
+from vllm.core.scheduler import SchedulerOutput
+from vllm.logger import init_logger
+from vllm.model_executor.model_loader.loader import load_hf_config
+from vllm.model_executor.sampler import Sampler, SamplingBatch
+from vllm.spec_decode.proposer import Proposal, ProposalHandle, Proposer
+from vllm.worker import kv_cache
+from vllm.worker.model_runner import ModelRunner
+
+logger = init_logger(__name__)
+
+
+class DraftSequence:
+    """Quacks like a Request for ModelRunner.prepare_inputs."""
+
+    def __init__(self, req_id: str) -> None:
+        self.req_id = req_id
+        self.token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.num_target_tokens = 0  # target tokens when the last drafts were made
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        return self.token_ids[start:end]
+
+
+def draft_config(target: VllmConfig) -> VllmConfig:
+    """The draft's config: the target's, with the draft model, device and dtype."""
+    spec = target.speculative_config
+    config = copy.deepcopy(target)
+    mc = config.model_config
+    mc.model, mc.tokenizer, mc.load_format, mc.hf_overrides = (spec.speculative_model, None,
+                                                               "auto", None)
+    mc.enforce_eager = True
+    mc.max_model_len = spec.speculative_max_model_len
+    if spec.cpu_draft_worker:
+        config.device_config.device = "cpu"
+        mc.dtype = spec.speculative_draft_dtype
+    config.cache_config.num_gpu_blocks_override = None
+    config.hf_config = load_hf_config(mc.model, mc.load_format)
+    config.resolve()
+    return config
+
+
+def check_vocab_match(target_tokenizer: Any, draft_tokenizer: Any, target_vocab: int,
+                      draft_vocab: int) -> None:
+    if target_vocab != draft_vocab:
+        raise ValueError(f"the draft model's vocab_size ({draft_vocab}) differs from the "
+                         f"target's ({target_vocab}); speculative decoding needs one vocabulary")
+    if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+        raise ValueError("the draft model's tokenizer maps tokens to ids differently from the "
+                         "target's; speculative decoding needs the same tokenizer")
+
+
+class DraftModelProposer(Proposer):
+
+    def __init__(self, target_config: VllmConfig, target_tokenizer: Any) -> None:
+        from vllm.engine.tokenizer import get_tokenizer
+
+        self.config = draft_config(target_config)
+        check_vocab_match(target_tokenizer, get_tokenizer(self.config.model_config),
+                          target_config.hf_config.vocab_size, self.config.hf_config.vocab_size)
+        if self.config.device.type == "cpu" and envs.VLLM_CPU_NUM_THREADS > 0:
+            torch.set_num_threads(envs.VLLM_CPU_NUM_THREADS)
+        self.runner = ModelRunner(self.config)
+        self.runner.load_model()
+        num_blocks = kv_cache.num_blocks_for_memory(self.config)
+        self.runner.initialize_cache(num_blocks)
+        self.block_manager = BlockManager(num_blocks, self.config.cache_config.block_size)
+        self.max_model_len = self.config.model_config.max_model_len
+        self.seqs: dict[str, DraftSequence] = {}
+        self.generators: dict[str, Optional[torch.Generator]] = {}
+        logger.info("draft model %s on %s (%s), KV cache %d blocks",
+                    self.config.model_config.model, self.config.device, self.config.torch_dtype,
+                    num_blocks)
+
+    def propose(self, requests: list[Request], max_num_drafts: list[int]) -> ProposalHandle:
+        return ProposalHandle(lambda: self._propose(requests, max_num_drafts))
+
+    @torch.inference_mode()
+    def _propose(self, requests: list[Request], max_num_drafts: list[int]) -> Proposal:
+        active, ks = [], []
+        for req, k in zip(requests, max_num_drafts):
+            k = min(k, self.max_model_len - req.num_tokens)
+            if k > 0 and self._prepare(req, k):
+                active.append(req)
+                ks.append(k)
+        drafts = {r.req_id: [] for r in active}
+        probs = {r.req_id: [] for r in active}
+        for step in range(max(ks, default=0)):
+            live = [(r, self.seqs[r.req_id]) for r, k in zip(active, ks) if k > step]
+            out = SchedulerOutput(requests=[s for _, s in live],
+                                  num_scheduled_tokens=[s.num_tokens - s.num_computed_tokens
+                                                        for _, s in live])
+            out.draft_token_ids = [[] for _ in live]
+            inp = self.runner.prepare_inputs(out)
+            hidden = self.runner.run_model(inp)
+            logits = self.runner.model.compute_logits(hidden[inp.logits_indices])
+            tokens, token_probs = self._sample(logits, [r for r, _ in live])
+            for (req, seq), n, tok, p in zip(live, out.num_scheduled_tokens, tokens, token_probs):
+                seq.num_computed_tokens += n
+                seq.token_ids.append(tok)
+                drafts[req.req_id].append(tok)
+                probs[req.req_id].append(p)
+        result = Proposal()
+        for req in requests:
+            d = drafts.get(req.req_id, [])
+            result.draft_token_ids.append(d)
+            p = probs.get(req.req_id, [])
+            result.draft_probs.append(torch.stack(p) if d and p[0] is not None else None)
+        return result
+
+    def _prepare(self, req: Request, k: int) -> bool:
+        """Syncs the draft sequence with the target's tokens; reserves KV for k drafts."""
+        seq = self.seqs.get(req.req_id)
+        if seq is None:
+            seq = self.seqs[req.req_id] = DraftSequence(req.req_id)
+            if req.sampling_params.seed is not None:
+                self.generators[req.req_id] = torch.Generator(self.config.device).manual_seed(
+                    req.sampling_params.seed + 1)
+        seq.token_ids = req.all_token_ids
+        seq.num_target_tokens = req.num_tokens
+        seq.num_computed_tokens = min(seq.num_computed_tokens, req.num_tokens - 1)
+        return self.block_manager.grow(seq.block_ids, req.num_tokens + k)
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]
+                ) -> tuple[list[int], list[Optional[torch.Tensor]]]:
+        """Greedy drafts for greedy requests; otherwise a draw from the draft's processed
+        distribution p (returned, on the CPU, for the rejection sampler)."""
+        batch = SamplingBatch.build(
+            [r.sampling_params for r in reqs], [r.prompt_token_ids for r in reqs],
+            [self.seqs[r.req_id].token_ids[r.num_prompt_tokens:] for r in reqs],
+            [self.generators.get(r.req_id) for r in reqs], self.runner.vocab_size,
+            self.config.device)
+        if all(r.sampling_params.is_greedy for r in reqs):
+            return Sampler.apply_penalties(logits, batch).argmax(-1).tolist(), [None] * len(reqs)
+        probs = Sampler.compute_probs(logits, batch)
+        tokens = Sampler.sample_from_probs(probs, batch).tolist()
+        greedy = Sampler.apply_penalties(logits, batch).argmax(-1).tolist()
+        out_tokens, out_probs = [], []
+        for i, r in enumerate(reqs):
+            if r.sampling_params.is_greedy:
+                out_tokens.append(greedy[i])
+                out_probs.append(None)
+            else:
+                out_tokens.append(tokens[i])
+                out_probs.append(probs[i].float().cpu())
+        return out_tokens, out_probs
+
+    def accept(self, req: Request, num_accepted: int) -> None:
+        seq = self.seqs.get(req.req_id)
+        if seq is not None:
+            # KV is valid for the target's old tokens and the accepted drafts that were fed back
+            seq.num_computed_tokens = min(seq.num_computed_tokens,
+                                          seq.num_target_tokens + num_accepted)
+
+    def free(self, req_id: str) -> None:
+        seq = self.seqs.pop(req_id, None)
+        self.generators.pop(req_id, None)
+        if seq is not None and seq.block_ids:
+            self.block_manager.free(seq.block_ids)

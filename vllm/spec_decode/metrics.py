@@ -1,0 +1,37 @@
+"""Speculative decoding counters, per request and for the engine: drafted, accepted and emitted
+tokens, target forwards, draft and verify time; and the figures derived from them."""
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class SpecDecodeMetrics:
+    num_spec_steps: int = 0  # target forwards that verified drafts
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_emitted_tokens: int = 0  # accepted drafts + the target's own token, per spec step
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+
+    def record(self, num_drafts: int, num_emitted: int) -> None:
+        self.num_spec_steps += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_emitted - 1
+        self.num_emitted_tokens += num_emitted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / max(self.num_draft_tokens, 1)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau: tokens emitted per target forward, bonus included."""
+        return self.num_emitted_tokens / max(self.num_spec_steps, 1)
+
+    def system_efficiency(self, k: int) -> float:
+        """Emitted tokens over the most that k drafts per step could have emitted."""
+        return self.num_emitted_tokens / max(self.num_spec_steps * (k + 1), 1)
+
+    def as_dict(self, k: int) -> dict:
+        return {**asdict(self), "acceptance_rate": self.acceptance_rate,
+                "mean_accepted_length": self.mean_accepted_length,
+                "system_efficiency": self.system_efficiency(k)}

@@ -1,0 +1,46 @@
+"""The proposer interface: propose k draft tokens per request, hear back how many were
+accepted, forget finished requests. `propose` hands back a handle that the engine waits on only
+when it needs the drafts, so a proposer can later run beside the target instead of before it
+(the implementations here fill the handle synchronously)."""
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from vllm.core.request import Request
+
+
+@dataclass
+class Proposal:
+    # per request: up to k draft token ids (empty: no speculation for it this step)
+    draft_token_ids: list[list[int]] = field(default_factory=list)
+    # per request: the draft distribution p [num_drafts, vocab_size] each token was drawn from,
+    # or None when the proposal is deterministic (greedy drafts, n-gram lookup)
+    draft_probs: list[Optional[torch.Tensor]] = field(default_factory=list)
+
+
+class ProposalHandle:
+    """A proposal that may still be computing; result() waits for it."""
+
+    def __init__(self, compute: Callable[[], Proposal]) -> None:
+        self._compute = compute
+        self._result: Optional[Proposal] = None
+
+    def result(self) -> Proposal:
+        if self._result is None:
+            self._result = self._compute()
+        return self._result
+
+
+class Proposer(ABC):
+
+    @abstractmethod
+    def propose(self, requests: list[Request], max_num_drafts: list[int]) -> ProposalHandle:
+        """Drafts up to max_num_drafts[i] tokens to follow requests[i]'s current tokens."""
+
+    def accept(self, req: Request, num_accepted: int) -> None:
+        """requests[i] kept num_accepted of its drafts (plus one target token)."""
+
+    def free(self, req_id: str) -> None:
+        """The request finished or was aborted."""
