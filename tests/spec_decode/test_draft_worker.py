@@ -1,0 +1,92 @@
+"""The CPU draft worker: KV rollback after partial acceptance and catch-up of the bonus token,
+checked by comparing its drafts with those of a fresh draft worker that recomputes everything;
+and the start-up checks."""
+import json
+import shutil
+
+import pytest
+
+from vllm import LLM, SamplingParams
+from vllm.core.request import Request
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.tokenizer import get_tokenizer
+from vllm.model_executor.model_loader.loader import load_hf_config
+from vllm.spec_decode.draft_worker import DraftModelProposer
+
+
+def make_proposer(target, draft, k=4):
+    config = EngineArgs(model=target, dtype="float32", device="cpu", speculative_model=draft,
+                        num_speculative_tokens=k, cpu_draft_worker=True,
+                        speculative_draft_dtype="float32").create_engine_config()
+    config.hf_config = load_hf_config(target, "auto")
+    config.resolve()
+    return DraftModelProposer(config, get_tokenizer(config.model_config))
+
+
+def request(token_ids, out_ids=()):
+    req = Request("r", None, token_ids, SamplingParams(temperature=0.0), None)
+    req.output_token_ids = list(out_ids)
+    return req
+
+
+def test_rollback_and_catch_up_match_a_fresh_draft(spec_target, spec_draft):
+    worker = make_proposer(spec_target, spec_draft)
+    req = request(list(range(10, 30)))
+    drafts = worker.propose([req], [4]).result().draft_token_ids[0]
+    assert len(drafts) == 4
+    seq = worker.seqs["r"]
+    assert seq.num_computed_tokens == 20 + 3  # drafts 1..3 were fed back, the 4th was not
+    # the target accepts 2 drafts and emits a different (bonus/correction) token after them
+    worker.accept(req, 2)
+    assert seq.num_computed_tokens == 22  # rolled back to the accepted prefix
+    req.output_token_ids = drafts[:2] + [(drafts[2] + 1) % 400]
+    next_drafts = worker.propose([req], [4]).result().draft_token_ids[0]
+    fresh = make_proposer(spec_target, spec_draft)
+    assert next_drafts == fresh.propose([req], [4]).result().draft_token_ids[0]
+    # full acceptance: the 4th draft's KV was never computed and is caught up with the bonus
+    worker.accept(req, 4)
+    req.output_token_ids += next_drafts + [7]
+    again = worker.propose([req], [3]).result().draft_token_ids[0]
+    fresh = make_proposer(spec_target, spec_draft)
+    assert again == fresh.propose([req], [3]).result().draft_token_ids[0]
+    worker.free("r")
+    assert worker.block_manager.num_free_blocks == worker.block_manager.num_blocks
+
+
+def test_draft_with_other_vocabulary_is_refused(spec_target, tmp_path):
+    other = tmp_path / "other-vocab"
+    shutil.copytree(spec_target, other)
+    config = json.loads((other / "config.json").read_text())
+    config["vocab_size"] = 512
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="vocab_size"):
+        LLM(spec_target, device="cpu", speculative_model=str(other), num_speculative_tokens=2,
+            cpu_draft_worker=True, load_format="dummy")
+
+
+def test_spec_flags_are_checked(spec_target):
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        LLM(spec_target, device="cpu", speculative_model="[ngram]")
+    with pytest.raises(ValueError, match="draft_device"):
+        LLM(spec_target, device="cpu", speculative_config={"method": "ngram",
+                                                           "num_speculative_tokens": 2,
+                                                           "draft_device": "tpu"})
+    llm = LLM(spec_target, device="cpu", dtype="float32",
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                  "prompt_lookup_max": 3})
+    assert llm.llm_engine.spec_config.ngram_prompt_lookup_max == 3
+    out = llm.generate("for i in range(10):\n    print(i", SamplingParams(temperature=0.0,
+                                                                          max_tokens=8),
+                       use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 8
+
+
+def test_sampled_spec_decode_is_reproducible_with_seeds(spec_target, spec_draft):
+    llm = LLM(spec_target, device="cpu", dtype="float32", speculative_model=spec_draft,
+              num_speculative_tokens=3, cpu_draft_worker=True)
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=11, max_tokens=24, ignore_eos=True)
+    a = llm.generate(["def fibonacci(n):"], params, use_tqdm=False)[0].outputs[0].token_ids
+    b = llm.generate(["The quick", "def fibonacci(n):"], [SamplingParams(max_tokens=5), params],
+                     use_tqdm=False)[1].outputs[0].token_ids
+    assert a == b and len(a) == 24
+    assert llm.llm_engine.spec_metrics.num_spec_steps > 0
