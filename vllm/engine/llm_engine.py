@@ -18,6 +18,17 @@ What a request passes through, who owns it, and where it lives:
                                            requests' KV blocks go back to the BlockManager
     5. RequestOutput                       engine -> caller (CPU)
 
+With speculative decoding (speculative_model set) a step becomes:
+    1. Scheduler.schedule(k)               also reserves k KV slots past each decoding request
+    1b. Proposer.propose() -> handle       drafts (n-gram lookup, or the draft model on its own
+                                           device: the CPU with cpu_draft_worker, its own KV);
+                                           the engine waits on the handle only here
+    2. Worker.execute_model()              ONE target forward over [last token, d1..dk] per
+                                           request; RejectionSampler keeps a prefix of the
+                                           drafts and adds one target token (lossless)
+    3. Scheduler.update()                  KV of rejected drafts is dropped (num_computed)
+    3b. Proposer.accept()                  the draft rolls its KV back to the accepted prefix
+
 n > 1 fans a request out into n child requests (ids "<id>#<i>") whose outputs are merged.
 """
 import time
