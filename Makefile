@@ -21,7 +21,7 @@ test: build
 	$(PY) -m pytest tests -q $(PYTEST_ARGS)
 
 demo: build
-	$(PY) examples/offline_inference.py
+	$(PY) examples/cpu_draft_spec_decode.py
 
 bench-kernels: build
 	$(PY) benchmarks/benchmark_kernels.py --device cpu

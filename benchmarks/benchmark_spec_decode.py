@@ -91,7 +91,7 @@ def chat_ids(args, prompts: list[str]) -> list[list[int]]:
     from vllm.engine.tokenizer import get_tokenizer
     from vllm.config import ModelConfig
 
-    tok = get_tokenizer(ModelConfig(model=args.model, tokenizer=args.tokenizer))
+    tok = get_tokenizer(ModelConfig(model=args.model, tokenizer=getattr(args, "tokenizer", None)))
     out = []
     for p in prompts:
         ids = tok.apply_chat_template([{"role": "user", "content": p}],

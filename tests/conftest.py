@@ -5,7 +5,18 @@ import pytest
 import torch
 
 from tests.fixtures_models import qwen05_gguf, qwen15_gguf, smollm2_gguf  # noqa: F401
+from tests.tiny_models import build_model
 from tests.utils import ERRORS
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    return str(build_model(tmp_path_factory.mktemp("tiny-llama"), "llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory):
+    return str(build_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", seed=1))
 
 
 @pytest.fixture(autouse=True)

@@ -90,3 +90,26 @@ def test_sampled_spec_decode_is_reproducible_with_seeds(spec_target, spec_draft)
                      use_tqdm=False)[1].outputs[0].token_ids
     assert a == b and len(a) == 24
     assert llm.llm_engine.spec_metrics.num_spec_steps > 0
+
+
+def test_long_requests_and_large_batches_go_on_without_speculation(spec_target, spec_draft):
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompt = "The quick brown fox jumps over the lazy dog. " * 3
+    plain = LLM(spec_target, device="cpu", dtype="float32")
+    ref = plain.generate([prompt, "x", "y"], params, use_tqdm=False)
+    # the draft handles at most 20 tokens: the long prompt gets no drafts, the others do
+    llm = LLM(spec_target, device="cpu", dtype="float32", speculative_model=spec_draft,
+              num_speculative_tokens=3, cpu_draft_worker=True, speculative_max_model_len=20)
+    outs = llm.generate([prompt], params, use_tqdm=False)
+    assert outs[0].outputs[0].token_ids == ref[0].outputs[0].token_ids
+    assert llm.llm_engine.spec_metrics.num_spec_steps == 0
+    outs = llm.generate(["x"], params, use_tqdm=False)
+    assert outs[0].outputs[0].token_ids == ref[1].outputs[0].token_ids
+    assert llm.llm_engine.spec_metrics.num_spec_steps > 0
+    # with 3 running requests and the limit at 2, no step speculates
+    off = LLM(spec_target, device="cpu", dtype="float32", speculative_model=spec_draft,
+              num_speculative_tokens=3, cpu_draft_worker=True,
+              speculative_disable_by_batch_size=2)
+    outs = off.generate([prompt, "x", "y"], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
+    assert off.llm_engine.spec_metrics.num_spec_steps == 0

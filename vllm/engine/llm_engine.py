@@ -197,16 +197,19 @@ class LLMEngine:
         result = self.worker.execute_model(sched_out)
         self.scheduler.update(sched_out, result.sampled)
         if speculating:
-            self._record_verification(sched_out, result, time.perf_counter() - start)
+            self._accept_drafts(sched_out, result, time.perf_counter() - start)
         self._record_logprobs(sched_out.requests, result)
         touched: dict[str, None] = {}
         now = time.time()
-        for req, new_ids in zip(sched_out.requests, result.sampled):
+        for req, drafts, new_ids in zip(sched_out.requests, sched_out.draft_token_ids,
+                                        result.sampled):
             if not new_ids or req.is_finished:
                 continue
             if req.first_token_time is None:
                 req.first_token_time = now
-            status = self._append_checked(req, new_ids)
+            status, num_kept = self._append_checked(req, new_ids)
+            if drafts:
+                self._record_spec_step(req, len(drafts), new_ids, num_kept)
             if status is not None:
                 self.scheduler.finish_request(req, status)
                 self.detokenizer.free(req)
@@ -252,16 +255,26 @@ class LLMEngine:
         self.spec_metrics.draft_time_s += time.perf_counter() - start
         return any(out.draft_token_ids[i] for i in idx)
 
-    def _record_verification(self, out: SchedulerOutput, result: RunnerOutput,
-                             elapsed: float) -> None:
+    def _accept_drafts(self, out: SchedulerOutput, result: RunnerOutput,
+                       elapsed: float) -> None:
         self.spec_metrics.verify_time_s += elapsed
         for req, drafts, new_ids in zip(out.requests, out.draft_token_ids, result.sampled):
-            if not drafts or not new_ids:
-                continue
-            self.spec_metrics.record(len(drafts), len(new_ids))
-            req_metrics = req.metrics.setdefault("spec_decode", SpecDecodeMetrics())
-            req_metrics.record(len(drafts), len(new_ids))
-            self.proposer.accept(req, len(new_ids) - 1)
+            if drafts and new_ids:
+                self.proposer.accept(req, len(new_ids) - 1)
+        self._maybe_log_spec_metrics()
+
+    def _record_spec_step(self, req: Request, num_drafts: int, new_ids: list[int],
+                          num_kept: int) -> None:
+        """Counts the tokens a verification kept: a stop (eos, max_tokens) can end the request
+        inside the accepted drafts, and what follows it was never emitted."""
+        num_accepted = min(len(new_ids) - 1, num_kept)
+        if num_kept < len(new_ids):  # drafts past the stop were neither needed nor judged
+            num_drafts = min(num_drafts, num_kept)
+        for metrics in (self.spec_metrics, req.metrics.setdefault("spec_decode",
+                                                                  SpecDecodeMetrics())):
+            metrics.record(num_drafts, num_kept, num_accepted)
+
+    def _maybe_log_spec_metrics(self) -> None:
         if time.time() - self._last_log_time > 10.0:
             self._last_log_time = time.time()
             m = self.spec_metrics
@@ -272,9 +285,11 @@ class LLMEngine:
                         m.num_draft_tokens, m.num_accepted_tokens, m.num_emitted_tokens,
                         m.draft_time_s, m.verify_time_s)
 
-    def _append_checked(self, req: Request, new_ids: list[int]) -> Optional[RequestStatus]:
+    def _append_checked(self, req: Request, new_ids: list[int]
+                        ) -> tuple[Optional[RequestStatus], int]:
         """Checks the tokens just appended to req one by one (a speculative step appends
-        several); drops those after a stop, then grows the text and checks stop strings."""
+        several); drops those after a stop, then grows the text and checks stop strings.
+        Returns the status and how many of new_ids were kept."""
         base = len(req.output_token_ids) - len(new_ids)
         status = None
         for j, token_id in enumerate(new_ids):
@@ -284,7 +299,7 @@ class LLMEngine:
                 new_ids = new_ids[:j + 1]
                 break
         new_text = self.detokenizer.decode_new_tokens(req, new_ids)
-        return check_stop_strings(req, new_text) or status
+        return check_stop_strings(req, new_text) or status, len(new_ids)
 
     def _logprob_entry(self, ids: list[int], lps: list[float], rank: int,
                        num: int) -> dict[int, Logprob]:

@@ -12,10 +12,10 @@ class SpecDecodeMetrics:
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
 
-    def record(self, num_drafts: int, num_emitted: int) -> None:
+    def record(self, num_drafts: int, num_emitted: int, num_accepted: int) -> None:
         self.num_spec_steps += 1
         self.num_draft_tokens += num_drafts
-        self.num_accepted_tokens += num_emitted - 1
+        self.num_accepted_tokens += num_accepted
         self.num_emitted_tokens += num_emitted
 
     @property
