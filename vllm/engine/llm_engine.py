@@ -258,6 +258,7 @@ class LLMEngine:
     def _accept_drafts(self, out: SchedulerOutput, result: RunnerOutput,
                        elapsed: float) -> None:
         self.spec_metrics.verify_time_s += elapsed
+        self.spec_metrics.num_verify_forwards += 1
         for req, drafts, new_ids in zip(out.requests, out.draft_token_ids, result.sampled):
             if drafts and new_ids:
                 self.proposer.accept(req, len(new_ids) - 1)

@@ -5,7 +5,8 @@ from dataclasses import asdict, dataclass
 
 @dataclass
 class SpecDecodeMetrics:
-    num_spec_steps: int = 0  # target forwards that verified drafts
+    num_spec_steps: int = 0  # sequence-steps that verified drafts (a batch step counts each)
+    num_verify_forwards: int = 0  # batched target forwards that verified drafts
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_emitted_tokens: int = 0  # accepted drafts + the target's own token, per spec step

@@ -1,0 +1,22 @@
+"""Heterogeneous speculative decoding in one process: the target on CUDA (CUDA graphs on), the
+draft on the CPU; greedy outputs equal the target's plain greedy outputs."""
+import pytest
+
+from tests.spec_decode.test_greedy_equality import PROMPTS, greedy
+from tests.utils import HAS_CUDA
+from vllm import LLM
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")]
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_cuda_target_cpu_draft_greedy_equality(spec_target, spec_draft, k):
+    kw = dict(dtype="float32", device="cuda", gpu_memory_utilization=0.3, max_num_seqs=8)
+    plain = LLM(spec_target, **kw).generate(PROMPTS, greedy(), use_tqdm=False)
+    llm = LLM(spec_target, speculative_model=spec_draft, num_speculative_tokens=k,
+              cpu_draft_worker=True, speculative_draft_dtype="float32", **kw)
+    assert llm.llm_engine.worker.model_runner.cuda_graphs is not None
+    assert llm.llm_engine.proposer.config.device.type == "cpu"
+    outs = llm.generate(PROMPTS, greedy(), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    assert llm.llm_engine.spec_metrics.num_spec_steps > 0

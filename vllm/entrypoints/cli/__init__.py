@@ -1,0 +1,1 @@
+"""The `vllm` console command (vllm/entrypoints/cli/main.py)."""

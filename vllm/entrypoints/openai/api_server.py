@@ -1,0 +1,210 @@
+"""The OpenAI-compatible HTTP server: `python -m vllm.entrypoints.openai.api_server --model M`
+or `vllm serve M`.
+
+    POST /v1/completions, /v1/chat/completions   (stream: true -> server-sent events)
+    GET  /v1/models, /health, /version, /metrics
+    POST /tokenize, /detokenize
+
+Errors use OpenAI's body {"error": {"message", "type", "param", "code"}}: 400 for a bad request
+(validation, sampling parameters, prompt too long), 401 without the --api-key bearer token on
+/v1/*, 404 for an unknown model name, 503 while too many requests wait, 500 if the engine died.
+"""
+import argparse
+import os
+import secrets
+from contextlib import asynccontextmanager
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+import vllm
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.async_llm_engine import (AsyncLLMEngine, EngineDeadError,
+                                          EngineOverloadedError)
+from vllm.entrypoints.openai.metrics import ServerMetrics
+from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
+                                              DetokenizeRequest, ModelCard, ModelList,
+                                              TokenizeRequest)
+from vllm.entrypoints.openai.serving import OpenAIServing, error_body
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+UVICORN_LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
+
+
+def _error(status: int, message: str, err_type: str) -> JSONResponse:
+    return JSONResponse(error_body(status, message, err_type), status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def load_chat_template(value: Optional[str]) -> Optional[str]:
+    """--chat-template: a file's path, or the Jinja template itself."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if any(c in value for c in "{}"):
+        return value
+    raise ValueError(f"--chat-template {value!r}: no such file, and not a Jinja template")
+
+
+def _model_name(args: argparse.Namespace) -> str:
+    return getattr(args, "served_model_name", None) or str(args.model)
+
+
+def build_app(engine: AsyncLLMEngine, args: argparse.Namespace) -> FastAPI:
+    model_name = _model_name(args)
+    api_key = getattr(args, "api_key", None)
+    serving = OpenAIServing(engine, model_name,
+                            load_chat_template(getattr(args, "chat_template", None)))
+    metrics = ServerMetrics(engine, model_name)
+    tokenizer = engine.get_tokenizer()
+    max_model_len = engine.engine.max_model_len
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await engine.shutdown()
+
+    app = FastAPI(title="vllm", version=vllm.__version__, lifespan=lifespan)
+
+    @app.middleware("http")
+    async def check_api_key(request: Request, call_next):
+        if api_key and request.url.path.startswith("/v1"):
+            auth = request.headers.get("Authorization", "")
+            if not secrets.compare_digest(auth.encode(), f"Bearer {api_key}".encode()):
+                return _error(401, "invalid or missing API key (Authorization: Bearer ...)",
+                              "AuthenticationError")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_: Request, exc: RequestValidationError):
+        return _error(400, _validation_message(exc), "BadRequestError")
+
+    @app.exception_handler(ValueError)
+    async def on_value_error(_: Request, exc: ValueError):
+        return _error(400, str(exc), "BadRequestError")
+
+    @app.exception_handler(EngineOverloadedError)
+    async def on_overload(_: Request, exc: EngineOverloadedError):
+        return _error(503, str(exc), "ServiceUnavailableError")
+
+    @app.exception_handler(EngineDeadError)
+    async def on_dead(_: Request, exc: EngineDeadError):
+        return _error(500, str(exc), "InternalServerError")
+
+    def check_model(name: Optional[str]) -> Optional[JSONResponse]:
+        if name is not None and name != model_name:
+            return _error(404, f"the model {name!r} does not exist; this server serves "
+                          f"{model_name!r}", "NotFoundError")
+        return None
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.dead_error is not None:
+            return _error(500, f"the engine failed: {engine.dead_error!r}",
+                          "InternalServerError")
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": vllm.__version__}
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = ModelCard(id=model_name, root=str(args.model), max_model_len=max_model_len)
+        return ModelList(data=[card]).model_dump()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request) -> Any:
+        return check_model(body.model) or await serving.completions(body, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Any:
+        return check_model(body.model) or await serving.chat(body, raw)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> Any:
+        if (err := check_model(body.model)) is not None:
+            return err
+        if (body.prompt is None) == (body.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        if body.messages is not None:
+            ids = serving.chat_prompt_ids([{"role": m.role, "content": m.text()}
+                                           for m in body.messages], body.add_generation_prompt)
+        else:
+            ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return {"count": len(ids), "max_model_len": max_model_len, "tokens": list(ids)}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> Any:
+        if (err := check_model(body.model)) is not None:
+            return err
+        bad = [t for t in body.tokens if not 0 <= t < len(tokenizer)]
+        if bad:
+            raise ValueError(f"tokens: ids outside the vocabulary [0, {len(tokenizer)}): "
+                             f"{bad[:5]}")
+        return {"prompt": tokenizer.decode(body.tokens)}
+
+    return app
+
+
+def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The server's flags plus every engine flag of EngineArgs."""
+    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' on /v1/* (default: "
+                        "$VLLM_API_KEY)")
+    parser.add_argument("--chat-template", default=None,
+                        help="chat template file (or inline Jinja); default: the tokenizer's")
+    parser.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS)
+    parser.add_argument("--max-waiting-requests", type=int, default=None,
+                        help="requests that may wait for a slot before new ones get 503 "
+                        "(default: 4 * max_num_seqs)")
+    return EngineArgs.add_cli_args(parser)
+
+
+def run_server(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    if getattr(args, "model", None) is None:
+        raise SystemExit("error: a model is required (--model, or `vllm serve MODEL`)")
+    if args.max_waiting_requests is not None and args.max_waiting_requests < 1:
+        raise SystemExit("error: --max-waiting-requests must be >= 1")
+    try:
+        load_chat_template(args.chat_template)
+        engine = AsyncLLMEngine.from_engine_args(EngineArgs.from_cli_args(args),
+                                                 args.max_waiting_requests)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from e
+    app = build_app(engine, args)
+    logger.info("serving %s on http://%s:%d", _model_name(args), args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                timeout_keep_alive=5)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = make_arg_parser(argparse.ArgumentParser(
+        description="vLLM-compatible OpenAI API server"))
+    run_server(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

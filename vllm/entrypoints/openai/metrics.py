@@ -1,0 +1,89 @@
+"""/metrics: Prometheus text with vLLM's metric names. Gauges and counters are read from the
+engine when scraped; the latency histograms are observed by AsyncLLMEngine as requests go."""
+from typing import Iterator, Optional
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
+                    160.0, 320.0)
+
+
+class _EngineCollector(Collector):
+
+    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+        self.engine = engine
+        self.labels = {"model_name": model_name}
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, labels=list(self.labels))
+        g.add_metric(list(self.labels.values()), value)
+        return g
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        c = CounterMetricFamily(name, doc, labels=list(self.labels))
+        c.add_metric(list(self.labels.values()), value)
+        return c
+
+    def collect(self) -> Iterator[Metric]:
+        eng, llm = self.engine, self.engine.engine
+        usage = llm.block_manager.usage
+        yield self._gauge("vllm:num_requests_running", "requests in the running batch",
+                          eng.num_running)
+        yield self._gauge("vllm:num_requests_waiting", "requests waiting for a slot",
+                          eng.num_waiting)
+        yield self._gauge("vllm:gpu_cache_usage_perc", "fraction of KV cache blocks in use "
+                          "(1 = full), whichever device holds the cache", usage)
+        yield self._gauge("vllm:kv_cache_usage_perc", "fraction of KV cache blocks in use",
+                          usage)
+        yield self._counter("vllm:prompt_tokens", "prompt tokens prefilled",
+                            eng.counters.prompt_tokens)
+        yield self._counter("vllm:generation_tokens", "tokens generated",
+                            eng.counters.generation_tokens)
+        done = CounterMetricFamily("vllm:request_success", "finished requests by reason",
+                                   labels=[*self.labels, "finished_reason"])
+        for reason in ("stop", "length", "abort"):
+            done.add_metric([*self.labels.values(), reason], eng.counters.finished[reason])
+        yield done
+        if llm.spec_config.enabled:
+            m = llm.spec_metrics.as_dict(llm.spec_config.num_speculative_tokens)
+            yield self._gauge("vllm:spec_decode_draft_acceptance_rate",
+                              "accepted / drafted tokens", m["acceptance_rate"])
+            yield self._gauge("vllm:spec_decode_efficiency", "emitted tokens / (k + 1) per "
+                              "verification step", m["system_efficiency"])
+            yield self._gauge("vllm:spec_decode_mean_accepted_length", "tokens emitted per "
+                              "target forward", m["mean_accepted_length"])
+            for key, doc in (("num_draft_tokens", "tokens drafted"),
+                             ("num_accepted_tokens", "drafted tokens accepted"),
+                             ("num_emitted_tokens", "tokens emitted by verification steps"),
+                             ("num_spec_steps", "target forwards that verified drafts")):
+                yield self._counter(f"vllm:spec_decode_{key}", doc, m[key])
+
+
+class ServerMetrics:
+    """The server's registry; hooks itself into the engine as its stats sink."""
+
+    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(engine, model_name))
+        self._ttft = Histogram("vllm:time_to_first_token_seconds",
+                               "time from request arrival to its first token",
+                               ["model_name"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self._e2e = Histogram("vllm:e2e_request_latency_seconds",
+                              "time from request arrival to its last token", ["model_name"],
+                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self._ttft_child = self._ttft.labels(model_name)
+        self._e2e_child = self._e2e.labels(model_name)
+        engine.stats_sink = self
+
+    def observe_first_token(self, seconds: float) -> None:
+        self._ttft_child.observe(seconds)
+
+    def observe_finished(self, e2e_seconds: float, finish_reason: Optional[str]) -> None:
+        self._e2e_child.observe(e2e_seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
