@@ -47,6 +47,25 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+class ApiKeyMiddleware:
+    """Plain ASGI (no response wrapping, so streams and disconnects pass straight through):
+    /v1/* needs 'Authorization: Bearer <api_key>'."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            auth = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(auth, self.expected):
+                response = _error(401, "invalid or missing API key (Authorization: Bearer ...)",
+                                  "AuthenticationError")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def load_chat_template(value: Optional[str]) -> Optional[str]:
     """--chat-template: a file's path, or the Jinja template itself."""
     if value is None:
@@ -79,14 +98,8 @@ def build_app(engine: AsyncLLMEngine, args: argparse.Namespace) -> FastAPI:
 
     app = FastAPI(title="vllm", version=vllm.__version__, lifespan=lifespan)
 
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1"):
-            auth = request.headers.get("Authorization", "")
-            if not secrets.compare_digest(auth.encode(), f"Bearer {api_key}".encode()):
-                return _error(401, "invalid or missing API key (Authorization: Bearer ...)",
-                              "AuthenticationError")
-        return await call_next(request)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, exc: RequestValidationError):
