@@ -99,3 +99,36 @@ def test_logits_argmax_margin_is_meaningful(llm, model_dir):
         top2 = hf(torch.tensor([ids])).logits[0, -1].topk(2).values
     assert (top2[0] - top2[1]).item() > 1e-4
     assert math.isfinite(top2[0].item())
+
+
+def test_llama3_rope_scaling_equals_transformers(tmp_path):
+    """Llama 3.1's rope scaling (low frequencies stretched) matches transformers."""
+    from tests.tiny_models import build_model
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    model_dir = build_model(tmp_path / "llama3", "llama", seed=3, rope_scaling=scaling,
+                            rope_theta=500000.0)
+    llm = LLM(str(model_dir), dtype="float32", device="cpu")
+    prompt = PROMPTS[2] * 3  # long enough for the scaled frequencies to matter
+    out = llm.generate(prompt, greedy(), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == hf_greedy(model_dir, out.prompt_token_ids, NUM_TOKENS)
+
+
+def test_abort_frees_blocks(model_dir):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_engine_args(EngineArgs(model=model_dir, dtype="float32",
+                                                   device="cpu", num_gpu_blocks_override=32))
+    engine.add_request("a", PROMPTS[0], greedy())
+    engine.add_request("b", PROMPTS[1], greedy())
+    engine.step()
+    engine.step()
+    assert engine.block_manager.num_free_blocks < 32
+    engine.abort_request("a")
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert {o.request_id for o in outputs} == {"b"}
+    assert engine.block_manager.num_free_blocks == 32
