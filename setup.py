@@ -83,4 +83,5 @@ setup(
     python_requires=">=3.10",
     ext_modules=[CMakeExtension("vllm._C")],
     cmdclass={"build_ext": CMakeBuild},
+    entry_points={"console_scripts": ["vllm=vllm.entrypoints.cli.main:main"]},
 )

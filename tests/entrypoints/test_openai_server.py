@@ -18,9 +18,17 @@ API_KEY = "test-key"
 GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
 
 
+# --chat-template replaces the tokenizer's own (<|user|>...</s>)
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] | upper }}: {{ m['content'] }}\n"
+                 "{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+
+
 @pytest.fixture(scope="module")
-def server(tiny_llama):
-    with RemoteServer(tiny_llama, [], api_key=API_KEY, served_name=MODEL) as srv:
+def server(tiny_llama, tmp_path_factory):
+    template = tmp_path_factory.mktemp("chat") / "template.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    with RemoteServer(tiny_llama, ["--chat-template", str(template)], api_key=API_KEY,
+                      served_name=MODEL) as srv:
         yield srv
 
 
@@ -146,7 +154,9 @@ def test_tokenize_detokenize(server):
     assert "quick brown fox" in text
     chat = httpx.post(server.url("/tokenize"),
                       json={"messages": [{"role": "user", "content": "hi"}]}, headers=h).json()
-    assert chat["count"] > 1
+    chat_text = httpx.post(server.url("/detokenize"), json={"tokens": chat["tokens"]},
+                           headers=h).json()["prompt"]
+    assert chat_text == "USER: hi\nASSISTANT:"  # the --chat-template file's format
     bad = httpx.post(server.url("/detokenize"), json={"tokens": [10 ** 9]}, headers=h)
     assert bad.status_code == 400 and "tokens" in bad.json()["error"]["message"]
 

@@ -24,13 +24,15 @@ def free_port() -> int:
 class RemoteServer:
 
     def __init__(self, model: str, extra_args: list[str], api_key: Optional[str] = None,
-                 served_name: str = "test-model") -> None:
+                 served_name: str = "test-model", cli: bool = False) -> None:
+        """cli: start it as `vllm serve MODEL` (the console command's module) instead."""
         self.port = free_port()
         self.api_key = api_key
         self.served_name = served_name
-        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1",
-                "--port", str(self.port), "--served-model-name", served_name,
+        entry = (["vllm.entrypoints.cli.main", "serve", model] if cli
+                 else ["vllm.entrypoints.openai.api_server", "--model", model])
+        args = [sys.executable, "-m", *entry, "--device", "cpu", "--dtype", "float32",
+                "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", served_name,
                 "--uvicorn-log-level", "warning", *extra_args]
         if api_key:
             args += ["--api-key", api_key]

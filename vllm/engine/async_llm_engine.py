@@ -129,7 +129,8 @@ class AsyncLLMEngine:
                 return
             while not finished:
                 output = await queue.get()
-                while not queue.empty():  # outputs are cumulative: the newest says it all
+                # outputs are cumulative: the newest says it all (but a finished one is kept)
+                while not queue.empty() and not getattr(output, "finished", False):
                     output = queue.get_nowait()
                 if output is _ABORTED:
                     finished = True  # the engine has forgotten it already
@@ -175,6 +176,7 @@ class AsyncLLMEngine:
         self._loop_task = asyncio.get_running_loop().create_task(self._run_loop())
 
     async def shutdown(self) -> None:
+        """Stops the loop (after its current step) and aborts every request it still held."""
         if self._loop_task is not None:
             self._loop_task.cancel()
             try:
@@ -182,6 +184,9 @@ class AsyncLLMEngine:
             except (asyncio.CancelledError, Exception):
                 pass
         self._executor.shutdown(wait=True)
+        for request_id in list(self._queues):
+            self.abort(request_id)
+        self._apply_pending_aborts()
 
     def _has_work(self) -> bool:
         return bool(self._pending_adds or self._pending_aborts
@@ -207,13 +212,7 @@ class AsyncLLMEngine:
             await asyncio.sleep(0)
 
     def _apply_pending(self) -> None:
-        aborts, self._pending_aborts = self._pending_aborts, set()
-        if aborts:
-            live = [rid for rid in aborts if rid in self.engine.groups]
-            self.engine.abort_request(live)
-            for request_id in live:
-                self._num_seen.pop(request_id, None)
-                self.counters.finished["abort"] += 1
+        self._apply_pending_aborts()
         adds, self._pending_adds = self._pending_adds, []
         for pending in adds:
             if pending.verdict.done():  # cancelled: its caller left before it was added
@@ -224,6 +223,15 @@ class AsyncLLMEngine:
                 pending.verdict.set_exception(e)
             else:
                 pending.verdict.set_result(True)
+
+    def _apply_pending_aborts(self) -> None:
+        aborts, self._pending_aborts = self._pending_aborts, set()
+        if aborts:
+            live = [rid for rid in aborts if rid in self.engine.groups]
+            self.engine.abort_request(live)
+            for request_id in live:
+                self._num_seen.pop(request_id, None)
+                self.counters.finished["abort"] += 1
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:

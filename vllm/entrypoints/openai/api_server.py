@@ -117,6 +117,11 @@ def build_app(engine: AsyncLLMEngine, args: argparse.Namespace) -> FastAPI:
     async def on_dead(_: Request, exc: EngineDeadError):
         return _error(500, str(exc), "InternalServerError")
 
+    @app.exception_handler(Exception)
+    async def on_error(_: Request, exc: Exception):
+        logger.exception("request failed")
+        return _error(500, f"{type(exc).__name__}: {exc}", "InternalServerError")
+
     def check_model(name: Optional[str]) -> Optional[JSONResponse]:
         if name is not None and name != model_name:
             return _error(404, f"the model {name!r} does not exist; this server serves "

@@ -59,8 +59,14 @@ class _EngineCollector(Collector):
             for key, doc in (("num_draft_tokens", "tokens drafted"),
                              ("num_accepted_tokens", "drafted tokens accepted"),
                              ("num_emitted_tokens", "tokens emitted by verification steps"),
-                             ("num_spec_steps", "target forwards that verified drafts")):
-                yield self._counter(f"vllm:spec_decode_{key}", doc, m[key])
+                             ("num_spec_steps", "sequence-steps that verified drafts"),
+                             ("num_verify_forwards", "batched target forwards that verified "
+                              "drafts"),
+                             ("draft_time_s", "seconds spent drafting"),
+                             ("verify_time_s", "seconds spent in verification forwards")):
+                if key in m:
+                    name = key.replace("_time_s", "_time_seconds")
+                    yield self._counter(f"vllm:spec_decode_{name}", doc, m[key])
 
 
 class ServerMetrics:
