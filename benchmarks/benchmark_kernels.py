@@ -60,7 +60,7 @@ def cases(device: str, dtype: torch.dtype, scale: int):
            lambda: ops.reshape_and_cache(kk, vv, kc, vc, slots),
            lambda: pa.reshape_and_cache_native(kk, vv, kc, vc, slots),
            4 * n * kv_heads * hd * elem)
-    layers, pairs = 8, 64
+    layers, pairs = 8, min(64, num_blocks // 2)
     kcs = [torch.randn(num_blocks, kv_heads, block, hd, **kw) for _ in range(layers)]
     vcs = [torch.randn_like(c) for c in kcs]
     perm = torch.randperm(num_blocks, device=device)
