@@ -42,3 +42,28 @@ def test_benchmark_spec_decode(tmp_path, tiny_llama, proposer):
         "--num-prompts", "2", "--max-tokens", "8", "--output-json", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [r["k"] for r in rows] == [0, 2] and rows[1]["identical_to_plain"]
+
+
+def test_benchmark_throughput(tmp_path, tiny_llama):
+    out = tmp_path / "t.json"
+    run("benchmark_throughput.py", "--model", tiny_llama, "--device", "cpu", "--dtype",
+        "float32", "--num-prompts", "6", "--input-len", "8", "--output-len", "5",
+        "--output-json", str(out))
+    result = json.loads(out.read_text())
+    assert result["num_requests"] == 6 and result["num_output_tokens"] == 30
+
+
+def test_benchmark_serving(tmp_path, tiny_llama):
+    from tests.entrypoints.utils import RemoteServer
+
+    server = RemoteServer(tiny_llama, [])
+    try:
+        out = tmp_path / "s.json"
+        run("benchmark_serving.py", "--base-url", server.base_url, "--model",
+            server.served_name, "--num-prompts", "6", "--request-rate", "20", "--input-len", "8",
+            "--output-len", "6", "--vocab-size", "300", "--output-json", str(out))
+        result = json.loads(out.read_text())
+        assert result["completed"] == 6 and result["failed"] == 0
+        assert result["ttft_ms"]["50"] > 0 and result["itl_ms"]["50"] is not None
+    finally:
+        server.stop()
