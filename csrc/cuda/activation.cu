@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/checks.h"
+#include "cuda/dispatch.h"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -55,12 +56,6 @@ void launch(at::Tensor& out, const at::Tensor& input, int64_t d, int64_t num_tok
   kernel<<<grid, kThreads, 0, stream>>>(out.data_ptr<T>(), input.data_ptr<T>(), d);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
-
-#define VLLM_CUDA_DISPATCH_FLOAT_TYPES(TYPE, NAME, ...)                   \
-  AT_DISPATCH_SWITCH(TYPE, NAME,                                          \
-                     AT_DISPATCH_CASE(at::ScalarType::Float, __VA_ARGS__) \
-                     AT_DISPATCH_CASE(at::ScalarType::Half, __VA_ARGS__)  \
-                     AT_DISPATCH_CASE(at::ScalarType::BFloat16, __VA_ARGS__))
 
 }  // namespace
 

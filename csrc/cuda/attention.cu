@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/checks.h"
+#include "cuda/dispatch.h"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -403,12 +404,6 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
 }
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-
-#define VLLM_CUDA_DISPATCH_FLOAT_TYPES(TYPE, NAME, ...)                   \
-  AT_DISPATCH_SWITCH(TYPE, NAME,                                          \
-                     AT_DISPATCH_CASE(at::ScalarType::Float, __VA_ARGS__) \
-                     AT_DISPATCH_CASE(at::ScalarType::Half, __VA_ARGS__)  \
-                     AT_DISPATCH_CASE(at::ScalarType::BFloat16, __VA_ARGS__))
 
 }  // namespace
 

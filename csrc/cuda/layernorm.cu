@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/checks.h"
+#include "cuda/dispatch.h"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -101,12 +102,6 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 int threads_for(int64_t packs) {
   return static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (packs + 31) / 32 * 32)));
 }
-
-#define VLLM_CUDA_DISPATCH_FLOAT_TYPES(TYPE, NAME, ...)                   \
-  AT_DISPATCH_SWITCH(TYPE, NAME,                                          \
-                     AT_DISPATCH_CASE(at::ScalarType::Float, __VA_ARGS__) \
-                     AT_DISPATCH_CASE(at::ScalarType::Half, __VA_ARGS__)  \
-                     AT_DISPATCH_CASE(at::ScalarType::BFloat16, __VA_ARGS__))
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/checks.h"
+#include "cuda/dispatch.h"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -44,12 +45,6 @@ __global__ void rotary_embedding_kernel(const int64_t* __restrict__ positions, T
     x[i2] = static_cast<T>(x2 * c + x1 * s);
   }
 }
-
-#define VLLM_CUDA_DISPATCH_FLOAT_TYPES(TYPE, NAME, ...)                   \
-  AT_DISPATCH_SWITCH(TYPE, NAME,                                          \
-                     AT_DISPATCH_CASE(at::ScalarType::Float, __VA_ARGS__) \
-                     AT_DISPATCH_CASE(at::ScalarType::Half, __VA_ARGS__)  \
-                     AT_DISPATCH_CASE(at::ScalarType::BFloat16, __VA_ARGS__))
 
 }  // namespace
 
