@@ -69,8 +69,8 @@ def test_the_test_rejects_a_lossy_rule():
 
     class AcceptAll(RejectionSampler):
         @staticmethod
-        def _rejection(draft, q, p, generator):
-            return list(draft) + [int(q[len(draft)].argmax())]
+        def _rejection(draft, q, p, generator):  # every draft accepted: lossy
+            return torch.ones(len(draft), dtype=torch.bool), q.argmax(dim=-1)
 
     outs = run(q_logits, p, 2, 6000, 3, AcceptAll())
     counts = torch.bincount(torch.tensor([o[0] for o in outs]), minlength=VOCAB).double()

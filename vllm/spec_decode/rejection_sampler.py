@@ -19,16 +19,6 @@ import torch
 from vllm.model_executor.sampler import Sampler, SamplingBatch
 
 
-def _uniform(generator: Optional[torch.Generator], device: torch.device) -> float:
-    return torch.rand(1, generator=generator, device=device).item()
-
-
-def _draw(probs: torch.Tensor, generator: Optional[torch.Generator]) -> int:
-    """One token from probs [vocab] by the exponential race (argmax of probs / Exp(1))."""
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return int((probs / noise).argmax())
-
-
 class RejectionSampler:
 
     def __init__(self, method: str = "rejection_sampler", posterior_threshold: float = 0.09,
@@ -41,70 +31,74 @@ class RejectionSampler:
                draft_probs: list[Optional[torch.Tensor]], is_greedy: list[bool],
                generators: list[Optional[torch.Generator]]) -> list[list[int]]:
         """logits [sum(m_i + 1), vocab]: request i's m_i + 1 rows in order, batch built for those
-        rows. Returns per request its accepted drafts plus one target token."""
+        rows. Returns per request its accepted drafts plus one target token. The device work of
+        all requests is queued first and read back with one synchronisation."""
         penalised = Sampler.apply_penalties(logits, batch)
         probs = None if all(is_greedy) else Sampler.compute_probs(logits, batch)
-        argmax = penalised.argmax(dim=-1).tolist()
-        results = []
+        pending = []  # per request: (accepted [m] bool, candidates [m + 1]) on the device
         row = 0
         for i, draft in enumerate(drafts):
             m = len(draft)
             if is_greedy[i]:
-                results.append(self._greedy(draft, argmax[row:row + m + 1]))
+                pending.append(self._greedy(draft, penalised[row:row + m + 1]))
             elif self.method == "typical_acceptance_sampler":
-                results.append(self._typical(draft, probs[row:row + m + 1], generators[i]))
+                pending.append(self._typical(draft, probs[row:row + m + 1], generators[i]))
             else:
-                results.append(self._rejection(draft, probs[row:row + m + 1], draft_probs[i],
+                pending.append(self._rejection(draft, probs[row:row + m + 1], draft_probs[i],
                                                generators[i]))
             row += m + 1
+        flat = torch.cat([torch.cat([a.long(), c]) for a, c in pending]).tolist()
+        results, pos = [], 0
+        for draft in drafts:
+            m = len(draft)
+            accepted, candidates = flat[pos:pos + m], flat[pos + m:pos + 2 * m + 1]
+            pos += 2 * m + 1
+            n = accepted.index(0) if 0 in accepted else m
+            results.append(draft[:n] + [candidates[n]])  # the replacement, or the bonus token
         return results
 
     @staticmethod
-    def _greedy(draft: list[int], target_argmax: list[int]) -> list[int]:
-        out = []
-        for x, t in zip(draft, target_argmax):
-            if x != t:
-                break
-            out.append(x)
-        out.append(target_argmax[len(out)])  # the correction, or the bonus token
-        return out
+    def _greedy(draft: list[int], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Accept while the draft is the target's argmax; candidates are the argmaxes."""
+        argmax = logits.argmax(dim=-1)  # [m + 1]
+        x = torch.tensor(draft, dtype=torch.long, device=logits.device)
+        return argmax[:len(draft)] == x, argmax
 
     @staticmethod
     def _rejection(draft: list[int], q: torch.Tensor, p: Optional[torch.Tensor],
-                   generator: Optional[torch.Generator]) -> list[int]:
-        """q [m + 1, vocab] target probs; p [m, vocab] draft probs or None (one-hot)."""
-        out = []
-        if p is not None:
+                   generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [m + 1, vocab] target probs; p [m, vocab] draft probs or None (one-hot). Candidates
+        are drawn for every position (the residual at j < m, q at m) with independent noise;
+        the one at the first rejection (or the bonus at m) is used."""
+        m = len(draft)
+        rows = torch.arange(m, device=q.device)
+        x = torch.tensor(draft, dtype=torch.long, device=q.device)
+        q_x = q[rows, x]
+        if p is None:
+            p_x = torch.ones_like(q_x)
+            residual = q[:m].clone()
+            residual[rows, x] = 0.0
+        else:
             p = p.to(q.device, q.dtype)
-        for j, x in enumerate(draft):
-            q_x = q[j, x].item()
-            p_x = 1.0 if p is None else p[j, x].item()
-            if p_x > 0 and _uniform(generator, q.device) < min(1.0, q_x / p_x):
-                out.append(x)
-                continue
-            if p is None:
-                residual = q[j].clone()
-                residual[x] = 0.0
-            else:
-                residual = (q[j] - p[j]).clamp_min(0.0)
-            if residual.sum() <= 0:  # q == p: any rejection leaves q itself
-                residual = q[j]
-            out.append(_draw(residual / residual.sum(), generator))
-            return out
-        out.append(_draw(q[len(draft)], generator))  # all accepted: the bonus token
-        return out
+            p_x = p[rows, x]
+            residual = (q[:m] - p).clamp_min(0.0)
+        u = torch.rand(m, generator=generator, device=q.device)
+        accepted = (p_x > 0) & (u < torch.clamp(q_x / p_x.clamp_min(1e-30), max=1.0))
+        mass = residual.sum(dim=-1, keepdim=True)
+        # q == p at a position: a rejection there leaves q itself
+        residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), q[:m])
+        dist = torch.cat([residual, q[m:m + 1]])  # [m + 1, vocab]
+        noise = torch.empty_like(dist).exponential_(generator=generator)
+        return accepted, (dist / noise).argmax(dim=-1)
 
     def _typical(self, draft: list[int], q: torch.Tensor,
-                 generator: Optional[torch.Generator]) -> list[int]:
+                 generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+        m = len(draft)
         entropy = -(q * q.clamp_min(1e-30).log()).sum(dim=-1)  # [m + 1]
         threshold = torch.clamp(self.posterior_alpha * torch.exp(-entropy),
                                 max=self.posterior_threshold)
-        out = []
-        for j, x in enumerate(draft):
-            if q[j, x] > threshold[j]:
-                out.append(x)
-            else:
-                out.append(int(q[j].argmax()))
-                return out
-        out.append(_draw(q[len(draft)], generator))
-        return out
+        x = torch.tensor(draft, dtype=torch.long, device=q.device)
+        accepted = q[torch.arange(m, device=q.device), x] > threshold[:m]
+        noise = torch.empty_like(q[m]).exponential_(generator=generator)
+        bonus = (q[m] / noise).argmax().view(1)
+        return accepted, torch.cat([q[:m].argmax(dim=-1), bonus])
