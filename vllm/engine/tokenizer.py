@@ -10,8 +10,8 @@ def get_tokenizer(model_config: ModelConfig) -> Any:
 
     path: Optional[str] = model_config.tokenizer
     if path is None and model_config.model.endswith(".gguf"):
-        from vllm.model_executor.model_loader.gguf_loader import load_gguf
-        return load_gguf(model_config.model).load_tokenizer()
+        from vllm.model_executor.model_loader.loader import open_gguf
+        return open_gguf(model_config.model).load_tokenizer()
     path = path or model_config.model
     if not os.path.exists(path):
         raise ValueError(f"tokenizer path {path!r} does not exist")

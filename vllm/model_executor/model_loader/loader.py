@@ -1,5 +1,7 @@
 """get_model: the model's HF config, class and weights, from a checkpoint directory
 (safetensors), a GGUF file, or random weights (load_format=dummy) for timing large shapes."""
+import copy
+import functools
 import os
 from typing import Any, Iterator
 
@@ -22,11 +24,22 @@ def resolve_load_format(model: str, load_format: str) -> str:
     return "gguf" if model.endswith(".gguf") else "safetensors"
 
 
+def open_gguf(path: str):
+    """The GGUF file opened once per process (config, weights and tokenizer all read it)."""
+    stat = os.stat(path)
+    return _open_gguf(os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _open_gguf(path: str, mtime_ns: int, size: int):
+    from vllm.model_executor.model_loader.gguf_loader import load_gguf
+    return load_gguf(path)
+
+
 def load_hf_config(model: str, load_format: str, hf_overrides: dict | None = None) -> Any:
     fmt = resolve_load_format(model, load_format)
     if fmt == "gguf" or (fmt == "dummy" and model.endswith(".gguf")):
-        from vllm.model_executor.model_loader.gguf_loader import load_gguf
-        config = load_gguf(model).config
+        config = copy.deepcopy(open_gguf(model).config)  # callers override fields
     else:
         from vllm.model_executor.model_loader.safetensors_loader import load_hf_config as load
         config = load(model)
@@ -37,8 +50,7 @@ def load_hf_config(model: str, load_format: str, hf_overrides: dict | None = Non
 
 def _iter_weights(model: str, fmt: str) -> Iterator[tuple[str, torch.Tensor]]:
     if fmt == "gguf":
-        from vllm.model_executor.model_loader.gguf_loader import load_gguf
-        return load_gguf(model).iter_weights()
+        return open_gguf(model).iter_weights()
     from vllm.model_executor.model_loader.safetensors_loader import iter_safetensors_weights
     return iter_safetensors_weights(model)
 
