@@ -19,9 +19,11 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.hf_baseline import hf_generate_latency, load_hf_model  # noqa: E402
+from benchmarks.floors import step_floor_ms  # noqa: E402
 from benchmarks.timing import copy_bandwidth_gbps, provenance  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.spec_decode.metrics import SpecDecodeMetrics  # noqa: E402
 
 PERCENTILES = [10, 25, 50, 75, 90, 99]
 
@@ -45,16 +47,10 @@ def run_engine(llm: LLM, args, output_len: int, iters: int, desc: str) -> list[f
 
 def decode_floor_ms(llm: LLM, args, bandwidth_gbps: float) -> float:
     """Bytes one decode step must read (all weights, the batch's mean KV) over the bandwidth."""
-    config = llm.llm_engine.config
-    model = llm.llm_engine.worker.model_runner.model
-    # an untied embedding table is only gathered from (one row per token), never streamed
-    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-                       if "embed_tokens" not in n or getattr(model, "tie_word_embeddings", False))
-    from vllm.worker.kv_cache import block_bytes
-    per_token_kv = block_bytes(config) / config.cache_config.block_size
-    mean_context = args.input_len + args.output_len / 2
-    kv_bytes = per_token_kv * mean_context * args.batch_size * args.n
-    return (weight_bytes + kv_bytes) / (bandwidth_gbps * 1e9) * 1e3
+    engine = llm.llm_engine
+    mean_context = (args.input_len + args.output_len / 2) * args.batch_size * args.n
+    return step_floor_ms(engine.worker.model_runner.model, engine.config, mean_context,
+                         bandwidth_gbps)
 
 
 def summarize(latencies: list[float], prefill: list[float], args) -> dict:
@@ -74,8 +70,13 @@ def main(args) -> dict:
     result = {"provenance": provenance(), "device": device}
     bandwidth = copy_bandwidth_gbps(device, (2 << 30) if device == "cuda" else (256 << 20))
     prefill = run_engine(llm, args, 1, args.num_iters, "prefill-only")
+    engine = llm.llm_engine
+    engine.spec_metrics = SpecDecodeMetrics()
     latencies = run_engine(llm, args, args.output_len, args.num_iters, "engine")
     result["engine"] = summarize(latencies, prefill, args)
+    if engine.proposer is not None:
+        result["engine"]["spec_decode"] = engine.spec_metrics.as_dict(
+            engine.spec_config.num_speculative_tokens)
     result["copy_bandwidth_gbps"] = bandwidth
     result["decode_floor_ms"] = decode_floor_ms(llm, args, bandwidth)
     if args.hf_baseline:
@@ -110,7 +111,13 @@ def print_report(result: dict) -> None:
             print(f"{name:<18}{r['tokens_per_s']:>10.1f}{r['decode_step_ms']:>11.2f}"
                   f"{floor:>10.2f}{100 * floor / r['decode_step_ms']:>8.0f}%")
     print(f"(floor: weights + mean KV bytes over {result['copy_bandwidth_gbps']:.0f} GB/s "
-          f"measured on {result['device']} in this run)")
+          f"measured on {result['device']} in this run; decode ms = per output token)")
+    spec = eng.get("spec_decode")
+    if spec:
+        print(f"spec decode: acceptance {spec['acceptance_rate']:.3f}, tokens per target forward "
+              f"{spec['mean_accepted_length']:.2f}, system efficiency "
+              f"{spec['system_efficiency']:.3f}, draft {spec['draft_time_s']:.2f} s, verify "
+              f"{spec['verify_time_s']:.2f} s")
 
 
 def make_parser() -> argparse.ArgumentParser:

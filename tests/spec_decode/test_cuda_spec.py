@@ -9,8 +9,12 @@ from vllm import LLM
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")]
 
 
+@pytest.mark.parametrize("same_draft", [False, True], ids=["other-draft", "draft==target"])
 @pytest.mark.parametrize("k", [1, 4, 8])
-def test_cuda_target_cpu_draft_greedy_equality(spec_target, spec_draft, k):
+def test_cuda_target_cpu_draft_greedy_equality(spec_target, spec_draft, k, same_draft):
+    """draft == target accepts every draft (bonus tokens, full catch-up); a different draft
+    mostly rejects (rollback)."""
+    spec_draft = spec_target if same_draft else spec_draft
     kw = dict(dtype="float32", device="cuda", gpu_memory_utilization=0.3, max_num_seqs=8)
     plain = LLM(spec_target, **kw).generate(PROMPTS, greedy(), use_tqdm=False)
     llm = LLM(spec_target, speculative_model=spec_draft, num_speculative_tokens=k,
@@ -19,4 +23,7 @@ def test_cuda_target_cpu_draft_greedy_equality(spec_target, spec_draft, k):
     assert llm.llm_engine.proposer.config.device.type == "cpu"
     outs = llm.generate(PROMPTS, greedy(), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
-    assert llm.llm_engine.spec_metrics.num_spec_steps > 0
+    metrics = llm.llm_engine.spec_metrics
+    assert metrics.num_spec_steps > 0
+    if same_draft:
+        assert metrics.acceptance_rate > 0.9

@@ -49,8 +49,11 @@ def draft_config(target: VllmConfig) -> VllmConfig:
     spec = target.speculative_config
     config = copy.deepcopy(target)
     mc = config.model_config
+    # random weights (timing large shapes) apply to the draft too; any other format is found
+    # again from the draft's own path
+    load_format = "dummy" if mc.load_format == "dummy" else "auto"
     mc.model, mc.tokenizer, mc.load_format, mc.hf_overrides = (spec.speculative_model, None,
-                                                               "auto", None)
+                                                               load_format, None)
     mc.enforce_eager = True
     mc.max_model_len = spec.speculative_max_model_len
     if spec.cpu_draft_worker:
