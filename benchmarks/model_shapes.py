@@ -15,6 +15,9 @@ SHAPES = {
                           num_attention_heads=64, num_key_value_heads=8, vocab_size=32000),
     "llama-68m": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=2,
                       num_attention_heads=12, num_key_value_heads=12, vocab_size=32000),
+    # CPU tests of benchmarks/trained_pair.py (--tiny): GQA, head_dim 32
+    "tiny-wide": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=4, vocab_size=512),
 }
 
 
