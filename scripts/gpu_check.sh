@@ -15,7 +15,10 @@ export VLLM_TARGET_DEVICE=cuda MAX_JOBS="${MAX_JOBS:-16}" PYTHONUNBUFFERED=1
 # The image's first g++ (/opt/gcc) links parts of libstdc++ statically (a "nonshared" archive);
 # those copies crash iostream formatting in error messages. The system compiler links the shared
 # libstdc++ that torch itself uses.
-if [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
+# The image may export CXX pointing there, so the system compiler is forced unless VLLM_KEEP_CXX=1.
+if [ -z "${VLLM_KEEP_CXX:-}" ] && [ -x /usr/bin/g++ ]; then
+  export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+fi
 status=0
 want() { [ "$STAGE" = all ] || [[ ",$STAGE," == *",$1,"* ]]; }
 
@@ -32,7 +35,19 @@ echo "== build"
 start=$(date +%s)
 "$PY" -m pip install --no-build-isolation --no-deps --no-index -e . > "$OUT_DIR/build.log" 2>&1 \
   || { tail -60 "$OUT_DIR/build.log"; exit 1; }
-echo "build took $(( $(date +%s) - start )) s"
+echo "build took $(( $(date +%s) - start )) s (CXX=${CXX:-unset})"
+grep -E "^CMAKE_(CXX_COMPILER|CUDA_HOST_COMPILER):" build/cmake-cuda/CMakeCache.txt
+# an error raised inside the extension must come back as a Python exception (a libstdc++ copy
+# linked into _C.so once turned every such error into a segfault)
+"$PY" - <<'PYEOF' || { echo "error-path probe FAILED"; exit 1; }
+import torch, vllm._custom_ops as ops
+for dev in ("cpu", "cuda"):
+    x = torch.randn(4, 8, device=dev)
+    try:
+        ops.rms_norm(torch.empty_like(x), x, torch.ones(7, device=dev), 1e-5)
+    except RuntimeError as e:
+        print(f"error path on {dev} ok:", str(e).splitlines()[0][:100])
+PYEOF
 "$PY" -c "import torch, vllm._C as C; print('vllm._C', C.__file__, 'cpu_isa', C.cpu_isa, 'cuda', C.cuda_enabled); assert C.cuda_enabled" || exit 1
 
 if want test; then
@@ -63,14 +78,15 @@ fi
 if want spec; then
   "$PY" -m benchmarks.model_shapes llama-2-7b /tmp/llama-2-7b > /dev/null 2>&1
   "$PY" -m benchmarks.model_shapes llama-68m /tmp/llama-68m > /dev/null 2>&1
-  SPEC="--speculative-model /tmp/llama-68m --num-speculative-tokens 4 --cpu-draft-worker"
+  DRAFT="--speculative-model /tmp/llama-68m --cpu-draft-worker"
+  SPEC="$DRAFT --num-speculative-tokens 4"
   DUMMY="--load-format dummy --dtype bfloat16 --max-model-len 1024"
   echo "== vllm serve: Llama-2-7B shape on the GPU, llama-68m shape draft on the CPU"
   timeout 300 "$PY" scripts/serve_spec_check.py -- /tmp/llama-2-7b $DUMMY $SPEC \
     > "$OUT_DIR/serve.log" 2>&1 || status=1
   grep -v "INFO\|WARNING\|it/s\]" "$OUT_DIR/serve.log" | tail -20
   echo "== spec decode sweep: 7B shape target (GPU), 68M shape draft (CPU / GPU), n-gram"
-  "$PY" benchmarks/benchmark_spec_decode.py --model /tmp/llama-2-7b $DUMMY $SPEC \
+  "$PY" benchmarks/benchmark_spec_decode.py --model /tmp/llama-2-7b $DUMMY $DRAFT \
     --proposers draft,draft-gpu,ngram --ks 1,2,4,8 --num-prompts 4 --batch-size 1 \
     --max-tokens 128 --gpu-memory-utilization 0.6 --hf-baseline --hf-num-prompts 2 \
     --output-json "$OUT_DIR/spec_7b_dummy.json" > "$OUT_DIR/spec_7b_dummy.log" 2>&1 || status=1

@@ -1,5 +1,6 @@
-"""Heterogeneous speculative decoding in one process: the target on CUDA (CUDA graphs on), the
-draft on the CPU; greedy outputs equal the target's plain greedy outputs."""
+"""Heterogeneous speculative decoding in one process: the target on CUDA (CUDA graphs on, for the
+k+1-token verification steps too), the draft on the CPU; greedy outputs equal the target's plain
+greedy outputs."""
 import pytest
 
 from tests.spec_decode.test_greedy_equality import PROMPTS, greedy
@@ -23,6 +24,8 @@ def test_cuda_target_cpu_draft_greedy_equality(spec_target, spec_draft, k, same_
     assert llm.llm_engine.proposer.config.device.type == "cpu"
     outs = llm.generate(PROMPTS, greedy(), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    graphs = llm.llm_engine.worker.model_runner.cuda_graphs.graphs
+    assert any(q == k + 1 for _, q in graphs), f"no verification graph was used: {list(graphs)}"
     metrics = llm.llm_engine.spec_metrics
     assert metrics.num_spec_steps > 0
     if same_draft:

@@ -1,7 +1,10 @@
-"""CUDA graphs for decode steps: the model's forward for batches of one new token per sequence is
-captured once per batch size (1, 2, 4, 8, then steps of 8) over static input buffers, and each
-decode step of up to that many sequences copies its inputs in and replays the graph: one launch
-instead of hundreds. Padded rows write nowhere (slot -1) and their outputs are dropped."""
+"""CUDA graphs for decode and verification steps: the model's forward for batches in which every
+sequence brings the same number q of new tokens (q = 1: decode; q = k + 1: a speculative step's
+last token and k drafts) is captured once per (batch size, q) over static input buffers, and each
+such step of up to that many sequences copies its inputs in and replays the graph: one launch
+instead of hundreds. Decode graphs (batch sizes 1, 2, 4, 8, then steps of 8) are captured at
+start; verification graphs for q up to max_query_len when a batch first needs them. Padded rows
+write nowhere (slot -1), attend only to themselves, and their outputs are dropped."""
 from typing import Optional
 
 import torch
@@ -21,62 +24,81 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 class CudaGraphRunner:
 
     def __init__(self, model: nn.Module, kv_caches: list, max_num_seqs: int,
-                 max_model_len: int, block_size: int, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 max_model_len: int, block_size: int, device: torch.device,
+                 max_query_len: int = 1) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.sizes = capture_sizes(max_num_seqs)
         self.max_model_len = max_model_len
+        self.max_query_len = max_query_len
         max_b = self.sizes[-1]
+        max_tokens = max_b * max_query_len
         max_blocks = -(-max_model_len // block_size)
         kw = dict(device=device)
-        self.input_ids = torch.zeros(max_b, dtype=torch.long, **kw)
-        self.positions = torch.zeros(max_b, dtype=torch.long, **kw)
-        self.slot_mapping = torch.full((max_b,), -1, dtype=torch.long, **kw)
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.long, **kw)
+        self.positions = torch.zeros(max_tokens, dtype=torch.long, **kw)
+        self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.long, **kw)
         self.block_tables = torch.zeros(max_b, max_blocks, dtype=torch.int32, **kw)
         self.context_lens = torch.ones(max_b, dtype=torch.int32, **kw)
-        self.query_start_loc = torch.arange(max_b + 1, dtype=torch.int32, **kw)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        # per q: sequence i's tokens are rows i*q .. i*q + q - 1
+        self.query_start_locs = {q: torch.arange(max_b + 1, dtype=torch.int32, **kw) * q
+                                 for q in range(1, max_query_len + 1)}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.pool = None
 
-    def _metadata(self, b: int) -> AttentionMetadata:
-        return AttentionMetadata(self.slot_mapping[:b], self.block_tables[:b],
-                                 self.context_lens[:b], self.query_start_loc[:b + 1],
-                                 max_context_len=self.max_model_len, query_lens=[1] * b,
+    def _metadata(self, b: int, q: int) -> AttentionMetadata:
+        return AttentionMetadata(self.slot_mapping[:b * q], self.block_tables[:b],
+                                 self.context_lens[:b], self.query_start_locs[q][:b + 1],
+                                 max_context_len=self.max_model_len, query_lens=[q] * b,
                                  prefill_only=False)
+
+    def _capture_one(self, b: int, q: int) -> None:
+        n = b * q
+        # the warm-up run executes: it must write no KV (slot -1) and read valid lengths, whatever
+        # earlier replays left in the buffers
+        self.slot_mapping[:n].fill_(-1)
+        self.block_tables[:b].zero_()
+        self.context_lens[:b].fill_(q)
+        with set_forward_context(self._metadata(b, q), self.kv_caches):
+            self.model(self.input_ids[:n], self.positions[:n])  # warm-up
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.outputs[(b, q)] = self.model(self.input_ids[:n], self.positions[:n])
+        self.pool = graph.pool()
+        self.graphs[(b, q)] = graph
 
     @torch.inference_mode()
     def capture(self) -> None:
         for b in reversed(self.sizes):  # largest first, so smaller graphs reuse its pool
-            md = self._metadata(b)
-            with set_forward_context(md, self.kv_caches):
-                self.model(self.input_ids[:b], self.positions[:b])  # warm-up
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    self.outputs[b] = self.model(self.input_ids[:b], self.positions[:b])
-            self.pool = graph.pool()
-            self.graphs[b] = graph
+            self._capture_one(b, 1)
         torch.cuda.synchronize()
-        logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+        logger.info("captured CUDA graphs for decode batch sizes %s%s", self.sizes,
+                    f"; verification graphs (up to {self.max_query_len} tokens per sequence) "
+                    "are captured on first use" if self.max_query_len > 1 else "")
 
     def can_run(self, num_seqs: int, md: AttentionMetadata) -> bool:
+        q = md.query_lens[0]
         return (num_seqs <= self.sizes[-1] and md.max_context_len <= self.max_model_len
-                and all(n == 1 for n in md.query_lens))
+                and q <= self.max_query_len and all(n == q for n in md.query_lens))
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
             md: AttentionMetadata) -> Optional[torch.Tensor]:
-        """Replays the smallest graph that fits; returns hidden states [num_seqs, hidden]."""
-        b = input_ids.shape[0]
+        """Replays the smallest graph that fits; returns hidden states [num_tokens, hidden]."""
+        b, q = len(md.query_lens), md.query_lens[0]
         size = next(s for s in self.sizes if s >= b)
-        self.input_ids[:b].copy_(input_ids)
-        self.positions[:b].copy_(positions)
-        self.slot_mapping[:b].copy_(md.slot_mapping)
-        self.slot_mapping[b:size].fill_(-1)
+        if (size, q) not in self.graphs:
+            with torch.inference_mode():
+                self._capture_one(size, q)
+        n = b * q
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        self.slot_mapping[:n].copy_(md.slot_mapping)
+        self.slot_mapping[n:size * q].fill_(-1)
         self.block_tables[:size].zero_()
         self.block_tables[:b, :md.block_tables.shape[1]].copy_(md.block_tables)
         self.context_lens[:b].copy_(md.context_lens)
-        self.context_lens[b:size].fill_(1)
-        self.graphs[size].replay()
-        return self.outputs[size][:b]
+        self.context_lens[b:size].fill_(q)
+        self.graphs[(size, q)].replay()
+        return self.outputs[(size, q)][:n]

@@ -64,9 +64,12 @@ class ModelRunner:
         self.kv_caches = kv_cache.allocate_kv_caches(self.config, num_blocks)
         if self.device.type == "cuda" and not self.config.model_config.enforce_eager:
             mc, sc = self.config.model_config, self.config.scheduler_config
+            spec = self.config.speculative_config
+            # a verification step feeds each sequence its last token and k drafts
+            max_query_len = 1 + (spec.num_speculative_tokens or 0) if spec.enabled else 1
             self.cuda_graphs = CudaGraphRunner(
                 self.model, self.kv_caches, sc.max_num_seqs, mc.max_model_len, self.block_size,
-                self.config.hf_config.hidden_size, self.config.torch_dtype, self.device)
+                self.device, max_query_len)
             self.cuda_graphs.capture()
 
     @torch.inference_mode()
