@@ -105,13 +105,14 @@ def measure_floors(llm: LLM, prompts_tokens: float, args) -> dict:
 def spec_row(name: str, k: int, m: SpecDecodeMetrics, secs: float, plain: dict, same: bool,
              num_tokens: int) -> dict:
     steps = max(m.num_verify_forwards, 1)
+    calls = max(m.num_propose_calls, 1)
     verify_ms = 1e3 * m.verify_time_s / steps
     tau = m.mean_accepted_length
     return {"proposer": name, "k": k, "tokens_per_s": num_tokens / secs,
             "speedup": plain["seconds"] / secs, "tau": tau, "acceptance_rate": m.acceptance_rate,
             "system_efficiency": m.system_efficiency(k),
-            "draft_ms_per_step": 1e3 * m.draft_time_s / steps,
-            "draft_ms_per_forward": 1e3 * m.draft_time_s / (steps * k),
+            "draft_ms_per_step": 1e3 * m.draft_time_s / calls,
+            "draft_ms_per_forward": 1e3 * m.draft_time_s / (calls * k),
             "verify_ms_per_step": verify_ms,
             # the speedup if drafting cost nothing: tau tokens per verification instead of one
             # token per plain step

@@ -103,4 +103,20 @@ if want spec; then
     done
   done
 fi
+if want pair; then
+  echo "== trained pair: a real acceptance rate at the Llama-2-7B shape (benchmarks/trained_pair.py)"
+  "$PY" -m benchmarks.trained_pair /tmp/pair7b --shape llama-2-7b --device cuda \
+    --target-seconds "${PAIR_TARGET_S:-100}" --draft-seconds "${PAIR_DRAFT_S:-60}" \
+    > "$OUT_DIR/pair.log" 2>&1 || { tail -30 "$OUT_DIR/pair.log"; exit 1; }
+  grep -v "it/s\]\|s/it\]" "$OUT_DIR/pair.log" | tail -16
+  cp /tmp/pair7b/pair.json "$OUT_DIR/"
+  echo "== spec decode sweep: trained 7B-shape target (GPU), trained draft (CPU / GPU), n-gram"
+  "$PY" benchmarks/benchmark_spec_decode.py --model /tmp/pair7b/target \
+    --speculative-model /tmp/pair7b/draft --cpu-draft-worker --dtype bfloat16 \
+    --proposers draft,draft-gpu,ngram --ks "${PAIR_KS:-1,2,3,4,6,8}" --num-prompts 6 \
+    --batch-size 1 --max-tokens 128 --max-model-len 2048 --gpu-memory-utilization 0.6 \
+    --hf-baseline --hf-num-prompts 2 --output-json "$OUT_DIR/spec_pair7b.json" \
+    > "$OUT_DIR/spec_pair7b.log" 2>&1 || status=1
+  tail -28 "$OUT_DIR/spec_pair7b.log"
+fi
 exit "$status"

@@ -253,6 +253,7 @@ class LLMEngine:
             if probs is not None and drafts:
                 out.draft_probs[i] = probs[:len(drafts)]
         self.spec_metrics.draft_time_s += time.perf_counter() - start
+        self.spec_metrics.num_propose_calls += 1
         return any(out.draft_token_ids[i] for i in idx)
 
     def _accept_drafts(self, out: SchedulerOutput, result: RunnerOutput,

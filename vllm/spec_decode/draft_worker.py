@@ -75,6 +75,13 @@ def check_vocab_match(target_tokenizer: Any, draft_tokenizer: Any, target_vocab:
                          "target's; speculative decoding needs the same tokenizer")
 
 
+def _plain_greedy(params: Any) -> bool:
+    """Greedy with nothing that changes the logits first (penalties, a min_tokens ban)."""
+    return (params.is_greedy and params.presence_penalty == 0.0
+            and params.frequency_penalty == 0.0 and params.repetition_penalty == 1.0
+            and params.min_tokens == 0)
+
+
 class DraftModelProposer(Proposer):
 
     def __init__(self, target_config: VllmConfig, target_tokenizer: Any) -> None:
@@ -150,6 +157,8 @@ class DraftModelProposer(Proposer):
                 ) -> tuple[list[int], list[Optional[torch.Tensor]]]:
         """Greedy drafts for greedy requests; otherwise a draw from the draft's processed
         distribution p (returned, on the CPU, for the rejection sampler)."""
+        if all(_plain_greedy(r.sampling_params) for r in reqs):
+            return logits.argmax(-1).tolist(), [None] * len(reqs)
         batch = SamplingBatch.build(
             [r.sampling_params for r in reqs], [r.prompt_token_ids for r in reqs],
             [self.seqs[r.req_id].token_ids[r.num_prompt_tokens:] for r in reqs],

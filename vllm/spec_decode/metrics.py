@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 class SpecDecodeMetrics:
     num_spec_steps: int = 0  # sequence-steps that verified drafts (a batch step counts each)
     num_verify_forwards: int = 0  # batched target forwards that verified drafts
+    num_propose_calls: int = 0  # batched proposer calls (some may propose nothing)
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_emitted_tokens: int = 0  # accepted drafts + the target's own token, per spec step
