@@ -102,7 +102,30 @@ def measure_floors(llm: LLM, prompts_tokens: float, args) -> dict:
     return floors
 
 
-def spec_row(name: str, k: int, m: SpecDecodeMetrics, secs: float, plain: dict, same: bool,
+def variants(proposers: dict, target_device: str) -> list[tuple[str, object, bool]]:
+    """(row name, proposer, draft ahead): a CPU draft for a GPU target runs both ways."""
+    out = []
+    for name, proposer in proposers.items():
+        if name == "draft-cpu" and target_device == "cuda":
+            out.append((name + "+ahead", proposer, True))
+        out.append((name, proposer, False))
+    return out
+
+
+def same_prefix(plain: list, outs: list) -> dict:
+    """Whether each output equals plain decoding's, and the mean fraction of tokens before the
+    first difference (bf16 rounding differs between a k+1-row and a 1-row forward: a near tie
+    can flip, after which the texts part)."""
+    fracs = []
+    for a, b in zip(plain, outs):
+        x, y = a.outputs[0].token_ids, b.outputs[0].token_ids
+        n = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+        fracs.append(n / max(len(x), 1) if x != y else 1.0)
+    return {"identical_to_plain": all(f == 1.0 for f in fracs),
+            "prefix_equal_fraction": sum(fracs) / len(fracs)}
+
+
+def spec_row(name: str, k: int, m: SpecDecodeMetrics, secs: float, plain: dict,
              num_tokens: int) -> dict:
     steps = max(m.num_verify_forwards, 1)
     calls = max(m.num_propose_calls, 1)
@@ -116,8 +139,7 @@ def spec_row(name: str, k: int, m: SpecDecodeMetrics, secs: float, plain: dict, 
             "verify_ms_per_step": verify_ms,
             # the speedup if drafting cost nothing: tau tokens per verification instead of one
             # token per plain step
-            "bound_free_draft": tau * plain["step_ms"] / verify_ms if m.num_verify_forwards else 0,
-            "identical_to_plain": same}
+            "bound_free_draft": tau * plain["step_ms"] / verify_ms if m.num_verify_forwards else 0}
 
 
 def main(args) -> dict:
@@ -146,15 +168,18 @@ def main(args) -> dict:
     base = {"proposer": "none", "k": 0, "tokens_per_s": num_tokens / plain_s, "speedup": 1.0,
             "seconds": plain_s, "step_ms": 1e3 * plain_s / num_steps}
     rows = [base]
-    for name, proposer in proposers.items():
-        engine.proposer = proposer
+    for name, proposer, ahead in variants(proposers, engine.config.device.type):
+        engine.proposer, engine.draft_ahead = proposer, ahead
         for k in ks:
             engine.spec_config.num_speculative_tokens = k
             engine.spec_metrics = SpecDecodeMetrics()
+            stats = getattr(proposer, "ahead_stats", {})
+            stats.update(made=0, used=0)
             outs, secs = timed_generate(llm, prompts, params, args.batch_size)
-            same = all(a.outputs[0].token_ids == b.outputs[0].token_ids
-                       for a, b in zip(plain, outs))
-            rows.append(spec_row(name, k, engine.spec_metrics, secs, base, same, num_tokens))
+            row = spec_row(name, k, engine.spec_metrics, secs, base, num_tokens)
+            row.update(same_prefix(plain, outs), ahead_made=stats.get("made", 0),
+                       ahead_used=stats.get("used", 0))
+            rows.append(row)
     prompt_tokens = sum(len(o.prompt_token_ids) for o in plain) / len(plain)
     engine.proposer = next(iter(proposers.values()), None)
     floors = measure_floors(llm, prompt_tokens, args)
@@ -178,15 +203,18 @@ def print_report(result: dict) -> None:
     f = result["floors"]
     print(f"\n{result['prompts']} prompts x {result['num_prompts']}, batch "
           f"{result['batch_size']}, {result['max_tokens']} tokens, greedy")
-    print(f"{'proposer':<11}{'k':>3}{'tau':>6}{'accept':>8}{'draft ms':>9}{'/fwd':>6}"
-          f"{'verify ms':>10}{'tok/s':>8}{'speedup':>8}{'bound':>7}{'same':>6}")
+    print(f"{'proposer':<16}{'k':>3}{'tau':>6}{'accept':>8}{'draft ms':>9}{'/fwd':>6}"
+          f"{'verify ms':>10}{'tok/s':>8}{'speedup':>8}{'bound':>7}{'same':>6}{'ahead':>7}")
     for r in result["rows"]:
-        print(f"{r['proposer']:<11}{r['k']:>3}{r.get('tau', 1.0):>6.2f}"
+        ahead = f"{r['ahead_used']}/{r['ahead_made']}" if r.get("ahead_made") else "-"
+        same = str(r.get("identical_to_plain", True))[0] + (
+            f"{100 * r['prefix_equal_fraction']:.0f}%" if "prefix_equal_fraction" in r else "")
+        print(f"{r['proposer']:<16}{r['k']:>3}{r.get('tau', 1.0):>6.2f}"
               f"{r.get('acceptance_rate', 0):>8.3f}{r.get('draft_ms_per_step', 0):>9.2f}"
               f"{r.get('draft_ms_per_forward', 0):>6.2f}"
               f"{r.get('verify_ms_per_step', r.get('step_ms', 0)):>10.2f}"
               f"{r['tokens_per_s']:>8.1f}{r['speedup']:>7.2f}x"
-              f"{r.get('bound_free_draft', 1.0):>6.2f}x{str(r.get('identical_to_plain', True)):>6}")
+              f"{r.get('bound_free_draft', 1.0):>6.2f}x{same:>6}{ahead:>7}")
     print(f"floors: target step {f['target_step_floor_ms']:.2f} ms on {f['device']} "
           f"({f['device_bandwidth_gbps']:.0f} GB/s measured); plain step measured "
           f"{result['rows'][0]['step_ms']:.2f} ms")

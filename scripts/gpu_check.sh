@@ -113,10 +113,17 @@ if want pair; then
   echo "== spec decode sweep: trained 7B-shape target (GPU), trained draft (CPU / GPU), n-gram"
   "$PY" benchmarks/benchmark_spec_decode.py --model /tmp/pair7b/target \
     --speculative-model /tmp/pair7b/draft --cpu-draft-worker --dtype bfloat16 \
-    --proposers draft,draft-gpu,ngram --ks "${PAIR_KS:-1,2,3,4,6,8}" --num-prompts 6 \
-    --batch-size 1 --max-tokens 128 --max-model-len 2048 --gpu-memory-utilization 0.6 \
-    --hf-baseline --hf-num-prompts 2 --output-json "$OUT_DIR/spec_pair7b.json" \
-    > "$OUT_DIR/spec_pair7b.log" 2>&1 || status=1
+    --proposers "${PAIR_PROPOSERS:-draft,draft-gpu,ngram}" --ks "${PAIR_KS:-1,2,3,4,6,8}" \
+    --num-prompts 6 --batch-size 1 --max-tokens 128 --max-model-len 2048 \
+    --gpu-memory-utilization 0.6 ${PAIR_HF---hf-baseline --hf-num-prompts 2} \
+    --output-json "$OUT_DIR/spec_pair7b.json" > "$OUT_DIR/spec_pair7b.log" 2>&1 || status=1
   tail -28 "$OUT_DIR/spec_pair7b.log"
+  if [ -n "${PAIR_SERVE:-}" ]; then
+    echo "== vllm serve: the trained 7B-shape target on the GPU, its draft on the CPU"
+    timeout 200 "$PY" scripts/serve_spec_check.py -- /tmp/pair7b/target --dtype bfloat16 \
+      --speculative-model /tmp/pair7b/draft --num-speculative-tokens 4 --cpu-draft-worker \
+      --max-model-len 2048 > "$OUT_DIR/serve_pair.log" 2>&1 || status=1
+    grep -v "INFO\|WARNING\|it/s\]" "$OUT_DIR/serve_pair.log" | tail -16
+  fi
 fi
 exit "$status"

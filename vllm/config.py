@@ -84,6 +84,10 @@ class SpeculativeConfig:
     speculative_draft_tensor_parallel_size: Optional[int] = doc(None, "draft TP size (1 only)")
     speculative_max_model_len: Optional[int] = doc(None, "longest sequence the draft handles; "
                                                    "longer ones continue without speculation")
+    speculative_draft_ahead: str = doc(
+        "auto", "draft past the proposal while the target verifies it (used when every draft "
+        "is accepted): auto (when the draft runs on another device than the target), on, off "
+        "(ours)", choices=["auto", "on", "off"])
     speculative_config: Optional[dict] = doc(None, "JSON: {method, model, "
                                              "num_speculative_tokens, draft_device, ...}")
 
@@ -131,6 +135,9 @@ class SpeculativeConfig:
                 raise ValueError(f"need 1 <= ngram_prompt_lookup_min ({lo}) <= "
                                  f"ngram_prompt_lookup_max ({hi})")
             self.ngram_prompt_lookup_max, self.ngram_prompt_lookup_min = hi, lo
+        if self.speculative_draft_ahead not in ("auto", "on", "off"):
+            raise ValueError(f"speculative_draft_ahead must be auto, on or off, got "
+                             f"{self.speculative_draft_ahead!r}")
         if (self.speculative_disable_by_batch_size is not None
                 and self.speculative_disable_by_batch_size < 2):
             raise ValueError("speculative_disable_by_batch_size must be >= 2")

@@ -113,3 +113,45 @@ def test_long_requests_and_large_batches_go_on_without_speculation(spec_target, 
     outs = off.generate([prompt, "x", "y"], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
     assert off.llm_engine.spec_metrics.num_spec_steps == 0
+
+
+@pytest.mark.parametrize("outcome", ["hit", "wrong-bonus", "partial", "plain-step-between"])
+def test_drafts_made_ahead_are_used_only_when_valid(spec_target, spec_draft, outcome):
+    """After propose() and propose_ahead(), the target's verdict decides: all accepted with the
+    guessed bonus token -> the drafts made ahead come back without a forward; otherwise (a
+    different bonus token, a rejection, or a plain decode step in between that appended a token)
+    they are dropped, the KV is kept only where the tokens are the target's, and the next drafts
+    equal those of a fresh draft worker."""
+    worker = make_proposer(spec_target, spec_draft)
+    req = request(list(range(10, 30)))
+    drafts = worker.propose([req], [3]).result().draft_token_ids[0]
+    worker.propose_ahead()
+    guess, ahead = worker.seqs["r"].token_ids[23], worker.ahead["r"][1]
+    if outcome == "hit":
+        worker.accept(req, 3)
+        req.output_token_ids = drafts + [guess]
+    elif outcome == "wrong-bonus":
+        worker.accept(req, 3)
+        req.output_token_ids = drafts + [(guess + 1) % 400]
+    elif outcome == "partial":
+        worker.accept(req, 1)
+        req.output_token_ids = drafts[:1] + [(drafts[1] + 1) % 400]
+    else:  # all accepted but another bonus token, then a plain step appended one more
+        worker.accept(req, 3)
+        req.output_token_ids = drafts + [(guess + 1) % 400, 7]
+    forwards = worker.runner.model.forward
+    calls = []
+    worker.runner.model.forward = lambda *a, **kw: calls.append(1) or forwards(*a, **kw)
+    got = worker.propose([req], [3]).result().draft_token_ids[0]
+    fresh = make_proposer(spec_target, spec_draft)
+    assert got == fresh.propose([req], [3]).result().draft_token_ids[0]
+    if outcome == "hit":
+        assert got == ahead and not calls and worker.ahead_stats["used"] == 1
+    else:
+        assert calls and worker.ahead_stats["used"] == 0
+    # and the KV the worker kept is right: its next drafts after a full acceptance match too
+    worker.accept(req, 3)
+    req.output_token_ids += got + [5]
+    fresh = make_proposer(spec_target, spec_draft)
+    assert (worker.propose([req], [2]).result().draft_token_ids[0]
+            == fresh.propose([req], [2]).result().draft_token_ids[0])

@@ -49,3 +49,32 @@ def test_spec_greedy_equals_plain(reference, spec_target, spec_draft, draft, k, 
     stats = outs[0].metrics.get("spec_decode")
     if m.num_spec_steps and stats:
         assert stats["num_emitted_tokens"] <= NUM_TOKENS + k
+
+
+@pytest.mark.parametrize("draft", ["self", "other"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_draft_ahead_greedy_equals_plain(reference, spec_target, spec_draft, draft, k,
+                                         batch_size):
+    """Drafting ahead (forced on: on the CPU the engine would not choose it): the drafts made
+    while the target verified are used only when the target accepted every draft and its bonus
+    token was the draft's guess; outputs stay token for token those of plain decoding."""
+    model = {"self": spec_target, "other": spec_draft}[draft]
+    llm = LLM(spec_target, dtype="float32", device="cpu", speculative_model=model,
+              num_speculative_tokens=k, cpu_draft_worker=True, speculative_draft_dtype="float32",
+              speculative_draft_ahead="on")
+    assert llm.llm_engine.draft_ahead
+    outs = llm.llm_engine.proposer, generate(llm, PROMPTS[:batch_size])
+    proposer, tokens = outs
+    assert tokens == reference[:batch_size]
+    stats = proposer.ahead_stats
+    assert stats["made"] > 0
+    if draft == "self":  # every guess is right: after the first step every proposal comes ahead
+        assert stats["used"] >= stats["made"] // 2
+    assert not proposer.ahead and not proposer.seqs  # freed with their requests
+
+
+def test_draft_ahead_is_off_for_a_same_device_draft(spec_target):
+    llm = LLM(spec_target, dtype="float32", device="cpu", speculative_model=spec_target,
+              num_speculative_tokens=2, cpu_draft_worker=True)
+    assert not llm.llm_engine.draft_ahead  # auto: draft and target share the CPU

@@ -88,6 +88,7 @@ class LLMEngine:
         self.eos_token_id = self.tokenizer.eos_token_id
         self.spec_config = config.speculative_config
         self.proposer = self._create_proposer() if self.spec_config.enabled else None
+        self.draft_ahead = self._draft_ahead()
         self.spec_metrics = SpecDecodeMetrics()
         self._last_log_time = time.time()
 
@@ -97,6 +98,15 @@ class LLMEngine:
             return NgramProposer(spec.ngram_prompt_lookup_max, spec.ngram_prompt_lookup_min)
         from vllm.spec_decode.draft_worker import DraftModelProposer
         return DraftModelProposer(self.config, self.tokenizer)
+
+    def _draft_ahead(self) -> bool:
+        """Drafting ahead pays when it overlaps the target's forward: the draft on another
+        device (the CPU) than the target (the GPU). 'on' forces it (tests on the CPU)."""
+        mode = self.spec_config.speculative_draft_ahead
+        draft_config = getattr(self.proposer, "config", None)
+        if self.proposer is None or mode == "off" or draft_config is None:
+            return False
+        return mode == "on" or draft_config.device.type != self.config.device.type
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -194,7 +204,8 @@ class LLMEngine:
             return []
         speculating = num_lookahead > 0 and self._propose(sched_out)
         start = time.perf_counter()
-        result = self.worker.execute_model(sched_out)
+        ahead = self.proposer.propose_ahead if speculating and self.draft_ahead else None
+        result = self.worker.execute_model(sched_out, ahead)
         self.scheduler.update(sched_out, result.sampled)
         if speculating:
             self._accept_drafts(sched_out, result, time.perf_counter() - start)

@@ -100,6 +100,11 @@ class DraftModelProposer(Proposer):
         self.max_model_len = self.config.model_config.max_model_len
         self.seqs: dict[str, DraftSequence] = {}
         self.generators: dict[str, Optional[torch.Generator]] = {}
+        # drafting ahead: what the last propose() drafted, and per request the drafts made past
+        # it (with the sequence length they are valid at)
+        self.last_drafted: list[tuple[Request, int]] = []
+        self.ahead: dict[str, tuple[int, list[int]]] = {}
+        self.ahead_stats = {"made": 0, "used": 0}
         logger.info("draft model %s on %s (%s), KV cache %d blocks",
                     self.config.model_config.model, self.config.device, self.config.torch_dtype,
                     num_blocks)
@@ -109,16 +114,37 @@ class DraftModelProposer(Proposer):
 
     @torch.inference_mode()
     def _propose(self, requests: list[Request], max_num_drafts: list[int]) -> Proposal:
-        active, ks = [], []
+        active, ks, ready = [], [], {}
         for req, k in zip(requests, max_num_drafts):
             k = min(k, self.max_model_len - req.num_tokens)
-            if k > 0 and self._prepare(req, k):
+            if k <= 0:
+                continue
+            hit = self._take_ahead(req, k)
+            if hit is not None:
+                ready[req.req_id] = hit
+            elif self._prepare(req, k):
                 active.append(req)
                 ks.append(k)
-        drafts = {r.req_id: [] for r in active}
-        probs = {r.req_id: [] for r in active}
+        drafts, probs = self._draft(active, ks)
+        for req_id, tokens in ready.items():
+            drafts[req_id], probs[req_id] = tokens, [None] * len(tokens)
+        self.last_drafted = [(r, len(drafts[r.req_id])) for r in requests if r.req_id in drafts]
+        result = Proposal()
+        for req in requests:
+            d = drafts.get(req.req_id, [])
+            result.draft_token_ids.append(d)
+            p = probs.get(req.req_id, [])
+            result.draft_probs.append(torch.stack(p) if d and p[0] is not None else None)
+        return result
+
+    def _draft(self, reqs: list[Request], ks: list[int]
+               ) -> tuple[dict[str, list[int]], dict[str, list]]:
+        """ks[i] tokens after each sequence's tokens: the first forward feeds every token whose
+        KV is missing, each later one the token drawn before it."""
+        drafts = {r.req_id: [] for r in reqs}
+        probs = {r.req_id: [] for r in reqs}
         for step in range(max(ks, default=0)):
-            live = [(r, self.seqs[r.req_id]) for r, k in zip(active, ks) if k > step]
+            live = [(r, self.seqs[r.req_id]) for r, k in zip(reqs, ks) if k > step]
             out = SchedulerOutput(requests=[s for _, s in live],
                                   num_scheduled_tokens=[s.num_tokens - s.num_computed_tokens
                                                         for _, s in live])
@@ -132,13 +158,52 @@ class DraftModelProposer(Proposer):
                 seq.token_ids.append(tok)
                 drafts[req.req_id].append(tok)
                 probs[req.req_id].append(p)
-        result = Proposal()
-        for req in requests:
-            d = drafts.get(req.req_id, [])
-            result.draft_token_ids.append(d)
-            p = probs.get(req.req_id, [])
-            result.draft_probs.append(torch.stack(p) if d and p[0] is not None else None)
-        return result
+        return drafts, probs
+
+    @torch.inference_mode()
+    def propose_ahead(self) -> None:
+        """While the target verifies d1..dk: feed dk, guess the target's bonus token g as the
+        draft's own next token, and draft k more after it. They are used at the next propose()
+        when the target accepted all k and its bonus token was g (see _take_ahead). Greedy
+        requests only: a sampled request's bonus token is a draw, rarely the guess."""
+        reqs, ks = [], []
+        for req, k in self.last_drafted:
+            seq = self.seqs.get(req.req_id)
+            end = seq.num_tokens + k + 1 if seq is not None else 0
+            if (k > 0 and _plain_greedy(req.sampling_params) and end <= self.max_model_len
+                    and self.block_manager.grow(seq.block_ids, end)):
+                reqs.append(req)
+                ks.append(k + 1)
+        self.last_drafted = []
+        drafts, _ = self._draft(reqs, ks)
+        for req in reqs:
+            seq = self.seqs[req.req_id]
+            # valid if the target's sequence becomes exactly ours up to and including g
+            expected_len = seq.num_tokens - len(drafts[req.req_id]) + 1
+            self.ahead[req.req_id] = (expected_len, drafts[req.req_id][1:])
+            self.ahead_stats["made"] += 1
+
+    def _take_ahead(self, req: Request, k: int) -> Optional[list[int]]:
+        """The drafts made ahead for req, if its tokens are now those they were made after."""
+        entry = self.ahead.pop(req.req_id, None)
+        seq = self.seqs.get(req.req_id)
+        if entry is None or seq is None:
+            return None
+        expected_len, drafts = entry
+        tokens = req.all_token_ids
+        if len(tokens) != expected_len or seq.token_ids[:expected_len] != tokens:
+            # the KV of a position is valid while every token up to it is the target's
+            same = next((i for i, (a, b) in enumerate(zip(seq.token_ids, tokens)) if a != b),
+                        min(len(seq.token_ids), len(tokens)))
+            seq.num_computed_tokens = min(seq.num_computed_tokens, same)
+            return None  # _prepare resyncs the tokens
+        k = min(k, len(drafts))
+        seq.token_ids = tokens + drafts[:k]
+        seq.num_target_tokens = len(tokens)
+        # KV valid for the target's tokens and the drafts but the last (never fed)
+        seq.num_computed_tokens = min(seq.num_computed_tokens, len(tokens) + k - 1)
+        self.ahead_stats["used"] += 1
+        return drafts[:k]
 
     def _prepare(self, req: Request, k: int) -> bool:
         """Syncs the draft sequence with the target's tokens; reserves KV for k drafts."""
@@ -181,12 +246,17 @@ class DraftModelProposer(Proposer):
 
     def accept(self, req: Request, num_accepted: int) -> None:
         seq = self.seqs.get(req.req_id)
+        ahead = self.ahead.get(req.req_id)
+        if ahead is not None and num_accepted == len(ahead[1]):
+            return  # all accepted: the KV made ahead stays until _take_ahead checks the bonus
+        self.ahead.pop(req.req_id, None)
         if seq is not None:
             # KV is valid for the target's old tokens and the accepted drafts that were fed back
             seq.num_computed_tokens = min(seq.num_computed_tokens,
                                           seq.num_target_tokens + num_accepted)
 
     def free(self, req_id: str) -> None:
+        self.ahead.pop(req_id, None)
         seq = self.seqs.pop(req_id, None)
         self.generators.pop(req_id, None)
         if seq is not None and seq.block_ids:

@@ -1,7 +1,8 @@
 """The proposer interface: propose k draft tokens per request, hear back how many were
 accepted, forget finished requests. `propose` hands back a handle that the engine waits on only
 when it needs the drafts, so a proposer can later run beside the target instead of before it
-(the implementations here fill the handle synchronously)."""
+(the implementations here fill the handle synchronously); `propose_ahead` lets a drafter on
+another device work while the target verifies."""
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -38,6 +39,11 @@ class Proposer(ABC):
     @abstractmethod
     def propose(self, requests: list[Request], max_num_drafts: list[int]) -> ProposalHandle:
         """Drafts up to max_num_drafts[i] tokens to follow requests[i]'s current tokens."""
+
+    def propose_ahead(self) -> None:
+        """Called while the target verifies the last proposal: a proposer may draft on past it,
+        guessing that every draft is accepted, and use that at the next propose() if the guess
+        was right."""
 
     def accept(self, req: Request, num_accepted: int) -> None:
         """requests[i] kept num_accepted of its drafts (plus one target token)."""

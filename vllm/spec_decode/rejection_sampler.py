@@ -12,7 +12,7 @@ target's argmax and then emit the argmax: token-for-token plain greedy decoding.
 Typical acceptance (Cai et al. 2024, Medusa, arXiv 2401.10774) is the opt-in lossy alternative:
 accept x_j while q_j(x_j) > min(epsilon, delta * exp(-H(q_j))); at the first refusal emit the
 argmax of q_j."""
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -31,48 +31,63 @@ class RejectionSampler:
                draft_probs: list[Optional[torch.Tensor]], is_greedy: list[bool],
                generators: list[Optional[torch.Generator]]) -> list[list[int]]:
         """logits [sum(m_i + 1), vocab]: request i's m_i + 1 rows in order, batch built for those
-        rows. Returns per request its accepted drafts plus one target token. The device work of
-        all requests is queued first and read back with one synchronisation."""
+        rows. Returns per request its accepted drafts plus one target token."""
+        draft_ids = torch.tensor([t for d in drafts for t in d], dtype=torch.long,
+                                 device=logits.device)
+        return self.verify_async(logits, batch, drafts, draft_ids, draft_probs, is_greedy,
+                                 generators)()
+
+    def verify_async(self, logits: torch.Tensor, batch: SamplingBatch, drafts: list[list[int]],
+                     draft_ids: torch.Tensor, draft_probs: list[Optional[torch.Tensor]],
+                     is_greedy: list[bool], generators: list[Optional[torch.Generator]]
+                     ) -> Callable[[], list[list[int]]]:
+        """Queues the device work of every request and returns the function that reads it back
+        with one synchronisation. draft_ids: the drafts, concatenated, already on logits' device
+        (and draft_probs too), so that nothing here waits for the device before that read."""
         penalised = Sampler.apply_penalties(logits, batch)
         probs = None if all(is_greedy) else Sampler.compute_probs(logits, batch)
         pending = []  # per request: (accepted [m] bool, candidates [m + 1]) on the device
-        row = 0
+        row = start = 0
         for i, draft in enumerate(drafts):
             m = len(draft)
+            x = draft_ids[start:start + m]
             if is_greedy[i]:
-                pending.append(self._greedy(draft, penalised[row:row + m + 1]))
+                pending.append(self._greedy(x, penalised[row:row + m + 1]))
             elif self.method == "typical_acceptance_sampler":
-                pending.append(self._typical(draft, probs[row:row + m + 1], generators[i]))
+                pending.append(self._typical(x, probs[row:row + m + 1], generators[i]))
             else:
-                pending.append(self._rejection(draft, probs[row:row + m + 1], draft_probs[i],
+                pending.append(self._rejection(x, probs[row:row + m + 1], draft_probs[i],
                                                generators[i]))
             row += m + 1
-        flat = torch.cat([torch.cat([a.long(), c]) for a, c in pending]).tolist()
-        results, pos = [], 0
-        for draft in drafts:
-            m = len(draft)
-            accepted, candidates = flat[pos:pos + m], flat[pos + m:pos + 2 * m + 1]
-            pos += 2 * m + 1
-            n = accepted.index(0) if 0 in accepted else m
-            results.append(draft[:n] + [candidates[n]])  # the replacement, or the bonus token
-        return results
+            start += m
+        flat_dev = torch.cat([torch.cat([a.long(), c]) for a, c in pending])
+
+        def finish() -> list[list[int]]:
+            flat = flat_dev.tolist()
+            results, pos = [], 0
+            for draft in drafts:
+                m = len(draft)
+                accepted, candidates = flat[pos:pos + m], flat[pos + m:pos + 2 * m + 1]
+                pos += 2 * m + 1
+                n = accepted.index(0) if 0 in accepted else m
+                results.append(draft[:n] + [candidates[n]])  # the replacement, or the bonus
+            return results
+        return finish
 
     @staticmethod
-    def _greedy(draft: list[int], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Accept while the draft is the target's argmax; candidates are the argmaxes."""
+    def _greedy(x: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Accept while the draft x [m] is the target's argmax; candidates are the argmaxes."""
         argmax = logits.argmax(dim=-1)  # [m + 1]
-        x = torch.tensor(draft, dtype=torch.long, device=logits.device)
-        return argmax[:len(draft)] == x, argmax
+        return argmax[:len(x)] == x, argmax
 
     @staticmethod
-    def _rejection(draft: list[int], q: torch.Tensor, p: Optional[torch.Tensor],
+    def _rejection(x: torch.Tensor, q: torch.Tensor, p: Optional[torch.Tensor],
                    generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [m + 1, vocab] target probs; p [m, vocab] draft probs or None (one-hot). Candidates
-        are drawn for every position (the residual at j < m, q at m) with independent noise;
-        the one at the first rejection (or the bonus at m) is used."""
-        m = len(draft)
+        """x [m] drafts; q [m + 1, vocab] target probs; p [m, vocab] draft probs or None
+        (one-hot). Candidates are drawn for every position (the residual at j < m, q at m) with
+        independent noise; the one at the first rejection (or the bonus at m) is used."""
+        m = len(x)
         rows = torch.arange(m, device=q.device)
-        x = torch.tensor(draft, dtype=torch.long, device=q.device)
         q_x = q[rows, x]
         if p is None:
             p_x = torch.ones_like(q_x)
@@ -91,13 +106,12 @@ class RejectionSampler:
         noise = torch.empty_like(dist).exponential_(generator=generator)
         return accepted, (dist / noise).argmax(dim=-1)
 
-    def _typical(self, draft: list[int], q: torch.Tensor,
+    def _typical(self, x: torch.Tensor, q: torch.Tensor,
                  generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
-        m = len(draft)
+        m = len(x)
         entropy = -(q * q.clamp_min(1e-30).log()).sum(dim=-1)  # [m + 1]
         threshold = torch.clamp(self.posterior_alpha * torch.exp(-entropy),
                                 max=self.posterior_threshold)
-        x = torch.tensor(draft, dtype=torch.long, device=q.device)
         accepted = q[torch.arange(m, device=q.device), x] > threshold[:m]
         noise = torch.empty_like(q[m]).exponential_(generator=generator)
         bonus = (q[m] / noise).argmax().view(1)

@@ -5,7 +5,7 @@ token), the attention metadata (cache slots, block tables, context lengths, quer
 the rows whose logits are needed (the last token of each request that samples), then moves them to
 the device in one go."""
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -142,19 +142,28 @@ class ModelRunner:
                           to_dev(logits_indices, torch.long), sampling_requests)
 
     @torch.inference_mode()
-    def execute_model(self, out: SchedulerOutput) -> RunnerOutput:
+    def execute_model(self, out: SchedulerOutput,
+                      before_sync: Optional[Callable[[], None]] = None) -> RunnerOutput:
+        """One forward and its sampling. In a verification step, before_sync (the proposer
+        drafting ahead) runs once the target's device work is queued and before its results are
+        read back: with the target on the GPU and the draft on the CPU, the two overlap."""
         inp = self.prepare_inputs(out)
+        drafts = [out.draft_token_ids[i] if out.draft_token_ids else []
+                  for i in inp.sampling_requests]
+        # everything the verification copies to the device goes before the forward is launched,
+        # so that nothing waits for the forward until the read-back
+        verify = self._prepare_verify(out, inp.sampling_requests, drafts) if any(drafts) else None
         hidden = self.run_model(inp)  # [num_tokens, hidden_size]
         prompt_logprobs = self._prompt_logprobs(out, inp, hidden)
         sampled: list[Optional[list[int]]] = [None] * len(out.requests)
         sampler_output = None
         if inp.sampling_requests:
             logits = self.model.compute_logits(hidden[inp.logits_indices])  # [num_rows, V]
-            drafts = [out.draft_token_ids[i] if out.draft_token_ids else []
-                      for i in inp.sampling_requests]
-            if any(drafts):
-                for i, new_ids in zip(inp.sampling_requests,
-                                      self._verify(out, inp.sampling_requests, drafts, logits)):
+            if verify is not None:
+                finish = self.rejection_sampler.verify_async(logits, *verify)
+                if before_sync is not None:
+                    before_sync()
+                for i, new_ids in zip(inp.sampling_requests, finish()):
                     sampled[i] = new_ids
             else:
                 reqs = [out.requests[i] for i in inp.sampling_requests]
@@ -165,21 +174,23 @@ class ModelRunner:
                     sampled[i] = [token_id]
         return RunnerOutput(sampled, sampler_output, inp.sampling_requests, prompt_logprobs)
 
-    def _verify(self, out: SchedulerOutput, indices: list[int], drafts: list[list[int]],
-                logits: torch.Tensor) -> list[list[int]]:
-        """Speculative step: every sampling request's rows (its drafts, possibly none) verified
-        by the rejection sampler against the drafts' distributions."""
+    def _prepare_verify(self, out: SchedulerOutput, indices: list[int],
+                        drafts: list[list[int]]) -> tuple:
+        """The rejection sampler's inputs but the logits: one sampling row per target row (row
+        j of a request has seen its first j drafts), the drafts and their distributions on the
+        device."""
         reqs = [out.requests[i] for i in indices]
-        # one sampling row per target row; row j of a request has seen its first j drafts
         rows = [(r, d[:j]) for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
         batch = SamplingBatch.build(
             [r.sampling_params for r, _ in rows], [r.prompt_token_ids for r, _ in rows],
             [r.output_token_ids + seen for r, seen in rows], [None] * len(rows),
             self.vocab_size, self.device, eos_token_id=reqs[0].eos_token_id)
+        draft_ids = torch.tensor([t for d in drafts for t in d], dtype=torch.long,
+                                 device=self.device)
         probs = [out.draft_probs.get(i) for i in indices]
-        return self.rejection_sampler.verify(
-            logits, batch, drafts, probs, [r.sampling_params.is_greedy for r in reqs],
-            [r.generator for r in reqs])
+        probs = [p.to(self.device) if p is not None else None for p in probs]
+        return (batch, drafts, draft_ids, probs, [r.sampling_params.is_greedy for r in reqs],
+                [r.generator for r in reqs])
 
     def run_model(self, inp: ModelInput) -> torch.Tensor:
         md = inp.attn_metadata

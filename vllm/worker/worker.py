@@ -1,4 +1,6 @@
 """Worker: one device's share of the engine: its model runner, its KV cache, its threads."""
+from typing import Callable, Optional
+
 import torch
 
 from vllm import envs
@@ -34,5 +36,6 @@ class Worker:
                     num_blocks * kv_cache.block_bytes(self.config) / 1e9)
         return num_blocks
 
-    def execute_model(self, out: SchedulerOutput) -> RunnerOutput:
-        return self.model_runner.execute_model(out)
+    def execute_model(self, out: SchedulerOutput,
+                      before_sync: Optional[Callable[[], None]] = None) -> RunnerOutput:
+        return self.model_runner.execute_model(out, before_sync)
