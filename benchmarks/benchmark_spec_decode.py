@@ -160,6 +160,8 @@ def main(args) -> dict:
     llm = LLM(**engine_kwargs)
     engine = llm.llm_engine
     proposers = build_proposers(llm, names, args)
+    if not args.adaptive:
+        engine.governor = None  # every row measures its k as given
     llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     engine.proposer = None  # the same engine without speculation: the baseline
     plain, plain_s = timed_generate(llm, prompts, params, args.batch_size)
@@ -253,6 +255,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hf-baseline", action="store_true",
                         help="also time transformers: plain, and assisted with the draft on the "
                              "CPU (batch 1)")
+    parser.add_argument("--adaptive", action="store_true",
+                        help="keep the adaptive switch-off on (off: each row runs its k)")
     parser.add_argument("--hf-k", type=int, default=4, help="assistant tokens per step for HF")
     parser.add_argument("--hf-num-prompts", type=int, default=4)
     parser.add_argument("--output-json", default=None)

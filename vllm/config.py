@@ -88,6 +88,9 @@ class SpeculativeConfig:
         "auto", "draft past the proposal while the target verifies it (used when every draft "
         "is accepted): auto (when the draft runs on another device than the target), on, off "
         "(ours)", choices=["auto", "on", "off"])
+    speculative_adaptive: str = doc(
+        "on", "switch speculation off for a while when it is measured slower than plain "
+        "decoding, then probe again (ours)", choices=["on", "off"])
     speculative_config: Optional[dict] = doc(None, "JSON: {method, model, "
                                              "num_speculative_tokens, draft_device, ...}")
 
@@ -135,6 +138,9 @@ class SpeculativeConfig:
                 raise ValueError(f"need 1 <= ngram_prompt_lookup_min ({lo}) <= "
                                  f"ngram_prompt_lookup_max ({hi})")
             self.ngram_prompt_lookup_max, self.ngram_prompt_lookup_min = hi, lo
+        if self.speculative_adaptive not in ("on", "off"):
+            raise ValueError(f"speculative_adaptive must be on or off, got "
+                             f"{self.speculative_adaptive!r}")
         if self.speculative_draft_ahead not in ("auto", "on", "off"):
             raise ValueError(f"speculative_draft_ahead must be auto, on or off, got "
                              f"{self.speculative_draft_ahead!r}")

@@ -49,6 +49,7 @@ from vllm.model_executor.sampler import LogprobsTensors
 from vllm.model_executor.model_loader.loader import load_hf_config
 from vllm.outputs import CompletionOutput, Logprob, RequestOutput
 from vllm.sampling_params import SamplingParams
+from vllm.spec_decode.governor import SpecGovernor
 from vllm.spec_decode.metrics import SpecDecodeMetrics
 from vllm.spec_decode.ngram_proposer import NgramProposer
 from vllm.spec_decode.proposer import Proposer
@@ -89,6 +90,8 @@ class LLMEngine:
         self.spec_config = config.speculative_config
         self.proposer = self._create_proposer() if self.spec_config.enabled else None
         self.draft_ahead = self._draft_ahead()
+        self.governor = (SpecGovernor() if self.proposer is not None
+                         and self.spec_config.speculative_adaptive == "on" else None)
         self.spec_metrics = SpecDecodeMetrics()
         self._last_log_time = time.time()
 
@@ -202,6 +205,7 @@ class LLMEngine:
         sched_out = self.scheduler.schedule(num_lookahead)
         if sched_out.is_empty():
             return []
+        step_start = time.perf_counter()
         speculating = num_lookahead > 0 and self._propose(sched_out)
         start = time.perf_counter()
         ahead = self.proposer.propose_ahead if speculating and self.draft_ahead else None
@@ -209,6 +213,9 @@ class LLMEngine:
         self.scheduler.update(sched_out, result.sampled)
         if speculating:
             self._accept_drafts(sched_out, result, time.perf_counter() - start)
+        if self.governor is not None:
+            self._inform_governor(sched_out, result, speculating,
+                                  1e3 * (time.perf_counter() - step_start))
         self._record_logprobs(sched_out.requests, result)
         touched: dict[str, None] = {}
         now = time.time()
@@ -247,7 +254,25 @@ class LLMEngine:
             return 0
         if any(r.sampling_params.logprobs is not None for r in running):
             return 0
+        # seeded requests must come out the same on every run: timing may not change their
+        # schedule of speculation
+        if (self.governor is not None and not any(r.sampling_params.seed is not None
+                                                  for r in running)
+                and not self.governor.should_speculate()):
+            return 0
         return spec.num_speculative_tokens
+
+    def _inform_governor(self, out: SchedulerOutput, result: RunnerOutput, speculating: bool,
+                         step_ms: float) -> None:
+        """Decode-only steps (every sequence brings its last token, plus drafts) tell the
+        governor what a plain or a speculative token costs."""
+        drafts = out.draft_token_ids or [[] for _ in out.requests]
+        if not all(n == 1 + len(d) for n, d in zip(out.num_scheduled_tokens, drafts)):
+            return  # a prompt (chunk) is in the step
+        if speculating:
+            self.governor.record_spec(step_ms, sum(len(s or ()) for s in result.sampled))
+        elif self.proposer is not None:
+            self.governor.record_plain(step_ms, len(out.requests))
 
     def _propose(self, out: SchedulerOutput) -> bool:
         """Asks the proposer for drafts into the reserved lookahead slots; False if none came."""
