@@ -7,7 +7,6 @@ Prints "Avg latency: ... seconds" and the percentiles, tokens/s, the decode step
 prefill-only run and the full run) against its floor (weight + KV bytes over the memory bandwidth
 measured in this run), and with --hf-baseline the same figures for Hugging Face transformers."""
 import argparse
-import json
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.hf_baseline import hf_generate_latency, load_hf_model  # noqa: E402
 from benchmarks.floors import step_floor_ms  # noqa: E402
-from benchmarks.timing import copy_bandwidth_gbps, provenance  # noqa: E402
+from benchmarks.timing import copy_bandwidth_gbps, provenance, write_json  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.spec_decode.metrics import SpecDecodeMetrics  # noqa: E402
@@ -92,9 +91,7 @@ def main(args) -> dict:
                                          args.num_iters)
         result["hf_transformers"] = summarize(hf_full, hf_prefill, args)
     print_report(result)
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump({**result, "args": vars(args)}, f, indent=2, default=str)
+    write_json(args.output_json, result, args)
     return result
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.timing import provenance  # noqa: E402
+from benchmarks.timing import provenance, write_json  # noqa: E402
 
 PERCENTILES = [50, 90, 99]
 
@@ -106,9 +106,7 @@ def main(args) -> dict:
     for name in ("ttft_ms", "tpot_ms", "itl_ms"):
         row = summary[name]
         print(f"{name:<8}" + "".join(f"  p{p} {row[str(p)] or 0:.1f}" for p in PERCENTILES))
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump({**summary, "args": vars(args)}, f, indent=2, default=str)
+    write_json(args.output_json, summary, args)
     return summary
 
 

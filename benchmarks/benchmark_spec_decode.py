@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.floors import step_floor_ms  # noqa: E402
-from benchmarks.timing import copy_bandwidth_gbps, provenance  # noqa: E402
+from benchmarks.timing import copy_bandwidth_gbps, provenance, write_json  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.spec_decode.metrics import SpecDecodeMetrics  # noqa: E402
@@ -195,9 +195,7 @@ def main(args) -> dict:
         del llm, engine, proposers
         result["hf_transformers"] = hf_spec_baseline(args, target_config, draft_config, plain)
     print_report(result)
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump({**result, "args": vars(args)}, f, indent=2, default=str)
+    write_json(args.output_json, result, args)
     return result
 
 

@@ -5,7 +5,6 @@ tokens/s last; --output-json writes them with the provenance.
     python benchmarks/benchmark_throughput.py --model MODEL --num-prompts 200 --input-len 128 \
         --output-len 128 [--dataset prompts.txt] [--output-json out.json]"""
 import argparse
-import json
 import os
 import sys
 import time
@@ -14,7 +13,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.timing import provenance  # noqa: E402
+from benchmarks.timing import provenance, write_json  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 
@@ -53,9 +52,7 @@ def main(args) -> dict:
     print(f"Throughput: {result['requests_per_s']:.2f} requests/s, "
           f"{result['total_tokens_per_s']:.1f} total tokens/s, "
           f"{result['output_tokens_per_s']:.1f} output tokens/s")
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump({**result, "args": vars(args)}, f, indent=2, default=str)
+    write_json(args.output_json, result, args)
     return result
 
 

@@ -1,10 +1,11 @@
 """Timing and floor helpers shared by the benchmarks: median/min/max of repeated runs (device
 events on CUDA), the memory bandwidth measured in the same run, and the run's provenance."""
+import json
 import statistics
 import subprocess
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -42,6 +43,13 @@ def copy_bandwidth_gbps(device: str, nbytes: int) -> float:
     dst = torch.empty_like(src)
     t = time_ms(lambda: dst.copy_(src), device, warmup=2, iters=10)["median"]
     return 2 * nbytes / (t * 1e-3) / 1e9
+
+
+def write_json(path: Optional[str], result: dict, args: Any) -> None:
+    """The benchmark's result and its arguments as JSON at path (nothing when path is None)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump({**result, "args": vars(args)}, f, indent=2, default=str)
 
 
 def provenance() -> dict[str, str]:

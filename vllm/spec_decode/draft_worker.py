@@ -6,7 +6,6 @@ Each propose() first catches up, in one forward, on the tokens whose KV it lacks
 target's last token, the bonus token it never drafted, drafts it made but never fed back), then
 runs k - 1 one-token forwards; accept() rolls the valid KV back to the accepted prefix."""
 import copy
-import time
 from typing import Any, Optional
 
 import torch
