@@ -19,6 +19,7 @@ import sys
 import time
 
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -170,18 +171,19 @@ def main(args) -> dict:
     base = {"proposer": "none", "k": 0, "tokens_per_s": num_tokens / plain_s, "speedup": 1.0,
             "seconds": plain_s, "step_ms": 1e3 * plain_s / num_steps}
     rows = [base]
-    for name, proposer, ahead in variants(proposers, engine.config.device.type):
+    runs = [(name, proposer, ahead, k) for name, proposer, ahead in
+            variants(proposers, engine.config.device.type) for k in ks]
+    for name, proposer, ahead, k in tqdm(runs, desc="proposer x k", disable=len(runs) < 2):
         engine.proposer, engine.draft_ahead = proposer, ahead
-        for k in ks:
-            engine.spec_config.num_speculative_tokens = k
-            engine.spec_metrics = SpecDecodeMetrics()
-            stats = getattr(proposer, "ahead_stats", {})
-            stats.update(made=0, used=0)
-            outs, secs = timed_generate(llm, prompts, params, args.batch_size)
-            row = spec_row(name, k, engine.spec_metrics, secs, base, num_tokens)
-            row.update(same_prefix(plain, outs), ahead_made=stats.get("made", 0),
-                       ahead_used=stats.get("used", 0))
-            rows.append(row)
+        engine.spec_config.num_speculative_tokens = k
+        engine.spec_metrics = SpecDecodeMetrics()
+        stats = getattr(proposer, "ahead_stats", {})
+        stats.update(made=0, used=0)
+        outs, secs = timed_generate(llm, prompts, params, args.batch_size)
+        row = spec_row(name, k, engine.spec_metrics, secs, base, num_tokens)
+        row.update(same_prefix(plain, outs), ahead_made=stats.get("made", 0),
+                   ahead_used=stats.get("used", 0))
+        rows.append(row)
     prompt_tokens = sum(len(o.prompt_token_ids) for o in plain) / len(plain)
     engine.proposer = next(iter(proposers.values()), None)
     floors = measure_floors(llm, prompt_tokens, args)
