@@ -52,13 +52,29 @@ def write_json(path: Optional[str], result: dict, args: Any) -> None:
             json.dump({**result, "args": vars(args)}, f, indent=2, default=str)
 
 
+def source_fingerprint() -> str:
+    """sha256 (first 12 hex digits) over the engine's, kernels' and benchmarks' source files as
+    they are on disk: identifies the code that ran where git's HEAD may not (a copied tree)."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    files = [root / "CMakeLists.txt", *root.glob("vllm/**/*.py"), *root.glob("csrc/**/*.*"),
+             *root.glob("benchmarks/*.py")]
+    for path in sorted(f for f in files if f.is_file()):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def provenance() -> dict[str, str]:
     try:
         commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
                                          text=True, stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
-    info = {"command": " ".join(sys.argv), "commit": commit, "torch": torch.__version__,
+    info = {"command": " ".join(sys.argv), "commit": commit,
+            "source_sha256": source_fingerprint(), "torch": torch.__version__,
             "cpu_threads": str(torch.get_num_threads())}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()

@@ -30,6 +30,8 @@ def test_benchmark_latency(tmp_path, tiny_llama):
     result = json.loads(out.read_text())
     assert result["engine"]["avg_latency"] > 0 and len(result["engine"]["latencies"]) == 1
     assert set(result["engine"]["percentiles"]) == {"10", "25", "50", "75", "90", "99"}
+    from benchmarks.timing import source_fingerprint
+    assert result["provenance"]["source_sha256"] == source_fingerprint()  # the code that ran
 
 
 def test_benchmark_spec_decode(tmp_path, tiny_llama):
