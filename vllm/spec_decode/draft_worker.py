@@ -4,7 +4,10 @@ keeps a DraftSequence: the target's tokens plus its own drafts, and how far its 
 
 Each propose() first catches up, in one forward, on the tokens whose KV it lacks (the prompt, the
 target's last token, the bonus token it never drafted, drafts it made but never fed back), then
-runs k - 1 one-token forwards; accept() rolls the valid KV back to the accepted prefix."""
+runs k - 1 one-token forwards; accept() rolls the valid KV back to the accepted prefix.
+propose_ahead(), called while the target verifies, drafts on past the proposal as if every draft
+will be accepted; the next propose() uses that only if the target's tokens turned out to be
+exactly the ones it guessed, and otherwise keeps the KV only where the tokens are the target's."""
 import copy
 from typing import Any, Optional
 
