@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
+from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -73,11 +74,14 @@ async def run(args) -> list[RequestResult]:
     async with httpx.AsyncClient(base_url=args.base_url, headers=headers, timeout=args.timeout,
                                  limits=limits) as client:
         tasks = []
-        for prompt in prompts:
-            tasks.append(asyncio.create_task(send(client, args, prompt)))
-            if args.request_rate != float("inf"):
-                await asyncio.sleep(rng.exponential(1.0 / args.request_rate))
-        return await asyncio.gather(*tasks)
+        with tqdm(total=len(prompts), desc="requests", disable=len(prompts) < 2) as bar:
+            for prompt in prompts:
+                task = asyncio.create_task(send(client, args, prompt))
+                task.add_done_callback(lambda _: bar.update())
+                tasks.append(task)
+                if args.request_rate != float("inf"):
+                    await asyncio.sleep(rng.exponential(1.0 / args.request_rate))
+            return await asyncio.gather(*tasks)
 
 
 def percentiles(values: list[float]) -> dict:
