@@ -13,6 +13,9 @@ SHAPES = {
                         num_attention_heads=40, num_key_value_heads=40, vocab_size=32000),
     "codellama-34b": dict(hidden_size=8192, intermediate_size=22016, num_hidden_layers=48,
                           num_attention_heads=64, num_key_value_heads=8, vocab_size=32000),
+    # the trained pair's draft (benchmarks/trained_pair.py): 19.8M parameters
+    "draft-20m": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                      num_attention_heads=2, num_key_value_heads=2, vocab_size=32000),
     "llama-68m": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=2,
                       num_attention_heads=12, num_key_value_heads=12, vocab_size=32000),
     # CPU tests of benchmarks/trained_pair.py (--tiny): GQA, head_dim 32

