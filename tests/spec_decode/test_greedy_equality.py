@@ -78,3 +78,33 @@ def test_draft_ahead_is_off_for_a_same_device_draft(spec_target):
     llm = LLM(spec_target, dtype="float32", device="cpu", speculative_model=spec_target,
               num_speculative_tokens=2, cpu_draft_worker=True)
     assert not llm.llm_engine.draft_ahead  # auto: draft and target share the CPU
+
+
+@pytest.mark.parametrize("draft", ["self", "other"])
+def test_logprobs_with_speculation_equal_plain(spec_target, spec_draft, draft):
+    """Steps with logprobs requests speculate too: each emitted token's logprobs come from the
+    verification row that judged it, equal (fp32) to plain decoding's, including after a stop
+    token that cuts a step's accepted drafts short."""
+    plain = LLM(spec_target, dtype="float32", device="cpu")
+    model = {"self": spec_target, "other": spec_draft}[draft]
+    llm = LLM(spec_target, dtype="float32", device="cpu", speculative_model=model,
+              num_speculative_tokens=3, cpu_draft_worker=True, speculative_draft_dtype="float32")
+    ref_tokens = generate(plain, PROMPTS[:1])[0]
+    stop_id = ref_tokens[12]  # a stop token inside the output: drafts after it are dropped
+    for params in (SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True,
+                                  logprobs=3),
+                   SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True,
+                                  logprobs=2, stop_token_ids=[stop_id])):
+        ref = plain.generate(PROMPTS[:3], params, use_tqdm=False)
+        outs = llm.generate(PROMPTS[:3], params, use_tqdm=False)
+        for a, b in zip(ref, outs):
+            x, y = a.outputs[0], b.outputs[0]
+            assert x.token_ids == y.token_ids
+            assert len(y.logprobs) == len(y.token_ids)
+            for ex, ey in zip(x.logprobs, y.logprobs):
+                assert ex.keys() == ey.keys()
+                for t in ex:
+                    assert abs(ex[t].logprob - ey[t].logprob) < 1e-4
+                    assert ex[t].rank == ey[t].rank
+            assert abs(x.cumulative_logprob - y.cumulative_logprob) < 1e-3
+    assert llm.llm_engine.spec_metrics.num_spec_steps > 0

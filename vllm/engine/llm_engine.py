@@ -219,13 +219,17 @@ class LLMEngine:
         self._record_logprobs(sched_out.requests, result)
         touched: dict[str, None] = {}
         now = time.time()
-        for req, drafts, new_ids in zip(sched_out.requests, sched_out.draft_token_ids,
-                                        result.sampled):
+        for i, (req, drafts, new_ids) in enumerate(zip(sched_out.requests,
+                                                       sched_out.draft_token_ids, result.sampled)):
             if not new_ids or req.is_finished:
                 continue
             if req.first_token_time is None:
                 req.first_token_time = now
             status, num_kept = self._append_checked(req, new_ids)
+            if i in result.token_logprobs and req.logprobs is not None:
+                entries = self._logprob_entries(result.token_logprobs[i],
+                                                [req.sampling_params.logprobs] * num_kept)
+                req.logprobs.extend(entries[:num_kept])
             if drafts:
                 self._record_spec_step(req, len(drafts), new_ids, num_kept)
             if status is not None:
@@ -243,16 +247,13 @@ class LLMEngine:
     # speculative decoding
 
     def _num_lookahead(self) -> int:
-        """k, or 0 when speculation is off for this step (by batch size, or a request wants
-        logprobs, which the verification path does not produce)."""
+        """k, or 0 when speculation is off for this step (by batch size, or by the governor)."""
         spec = self.spec_config
         if self.proposer is None:
             return 0
         running = self.scheduler.running
         if (spec.speculative_disable_by_batch_size is not None
                 and len(running) >= spec.speculative_disable_by_batch_size):
-            return 0
-        if any(r.sampling_params.logprobs is not None for r in running):
             return 0
         # seeded requests must come out the same on every run: timing may not change their
         # schedule of speculation

@@ -4,7 +4,7 @@ Per step it builds, on the host, the flat batch (token ids and positions of ever
 token), the attention metadata (cache slots, block tables, context lengths, query offsets), and
 the rows whose logits are needed (the last token of each request that samples), then moves them to
 the device in one go."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -38,6 +38,8 @@ class RunnerOutput:
     sampler_output: Optional[SamplerOutput]  # rows aligned with sampling_requests
     sampling_requests: list[int]
     prompt_logprobs: dict[int, LogprobsTensors]  # request index -> its prompt's logprobs
+    # speculative steps: request index -> one row per emitted token (requests asking for logprobs)
+    token_logprobs: dict[int, LogprobsTensors] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -157,14 +159,18 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(out, inp, hidden)
         sampled: list[Optional[list[int]]] = [None] * len(out.requests)
         sampler_output = None
+        token_logprobs: dict[int, LogprobsTensors] = {}
         if inp.sampling_requests:
             logits = self.model.compute_logits(hidden[inp.logits_indices])  # [num_rows, V]
             if verify is not None:
                 finish = self.rejection_sampler.verify_async(logits, *verify)
                 if before_sync is not None:
                     before_sync()
-                for i, new_ids in zip(inp.sampling_requests, finish()):
+                results = finish()
+                for i, new_ids in zip(inp.sampling_requests, results):
                     sampled[i] = new_ids
+                token_logprobs = self._verified_logprobs(out, inp.sampling_requests, drafts,
+                                                         logits, results)
             else:
                 reqs = [out.requests[i] for i in inp.sampling_requests]
                 batch = self.build_sampling_batch(reqs)
@@ -172,7 +178,8 @@ class ModelRunner:
                 token_ids = sampler_output.sampled_token_ids.tolist()
                 for i, token_id in zip(inp.sampling_requests, token_ids):
                     sampled[i] = [token_id]
-        return RunnerOutput(sampled, sampler_output, inp.sampling_requests, prompt_logprobs)
+        return RunnerOutput(sampled, sampler_output, inp.sampling_requests, prompt_logprobs,
+                            token_logprobs)
 
     def _prepare_verify(self, out: SchedulerOutput, indices: list[int],
                         drafts: list[list[int]]) -> tuple:
@@ -191,6 +198,34 @@ class ModelRunner:
         probs = [p.to(self.device) if p is not None else None for p in probs]
         return (batch, drafts, draft_ids, probs, [r.sampling_params.is_greedy for r in reqs],
                 [r.generator for r in reqs])
+
+    def _verified_logprobs(self, out: SchedulerOutput, indices: list[int],
+                           drafts: list[list[int]], logits: torch.Tensor,
+                           results: list[list[int]]) -> dict[int, LogprobsTensors]:
+        """Logprobs of the tokens a verification emitted, from the target's rows they were
+        judged on (row j of a request scored the token after its first j drafts), for the
+        requests that asked; as a plain decode step would report them."""
+        rows, targets, owners = [], [], []
+        start = 0
+        for i, draft, new_ids in zip(indices, drafts, results):
+            if out.requests[i].sampling_params.logprobs is not None:
+                rows += range(start, start + len(new_ids))
+                targets += new_ids
+                owners.append((i, len(new_ids)))
+            start += len(draft) + 1
+        if not owners:
+            return {}
+        num_top = max(out.requests[i].sampling_params.logprobs for i, _ in owners)
+        lt = compute_prompt_logprobs(
+            logits[torch.tensor(rows, device=logits.device)],
+            torch.tensor(targets, dtype=torch.long, device=logits.device), num_top)
+        result, pos = {}, 0
+        for i, n in owners:
+            result[i] = LogprobsTensors(lt.logprob_token_ids[pos:pos + n],
+                                        lt.logprobs[pos:pos + n],
+                                        lt.selected_token_ranks[pos:pos + n])
+            pos += n
+        return result
 
     def run_model(self, inp: ModelInput) -> torch.Tensor:
         md = inp.attn_metadata
