@@ -45,7 +45,9 @@ class RejectionSampler:
         with one synchronisation. draft_ids: the drafts, concatenated, already on logits' device
         (and draft_probs too), so that nothing here waits for the device before that read."""
         penalised = Sampler.apply_penalties(logits, batch)
-        probs = None if all(is_greedy) else Sampler.compute_probs(logits, batch)
+        if all(is_greedy):
+            return self._greedy_batch(penalised.argmax(dim=-1), drafts)
+        probs = Sampler.compute_probs(logits, batch)
         pending = []  # per request: (accepted [m] bool, candidates [m + 1]) on the device
         row = start = 0
         for i, draft in enumerate(drafts):
@@ -71,6 +73,23 @@ class RejectionSampler:
                 pos += 2 * m + 1
                 n = accepted.index(0) if 0 in accepted else m
                 results.append(draft[:n] + [candidates[n]])  # the replacement, or the bonus
+            return results
+        return finish
+
+    @staticmethod
+    def _greedy_batch(argmax: torch.Tensor, drafts: list[list[int]]
+                      ) -> Callable[[], list[list[int]]]:
+        """Every request greedy: one argmax over all rows, read back once; each request keeps
+        its drafts while they equal the target's argmax, then the argmax after them."""
+        def finish() -> list[list[int]]:
+            flat = argmax.tolist()
+            results, row = [], 0
+            for draft in drafts:
+                m = len(draft)
+                best = flat[row:row + m + 1]
+                n = next((j for j in range(m) if draft[j] != best[j]), m)
+                results.append(draft[:n] + [best[n]])
+                row += m + 1
             return results
         return finish
 
