@@ -1,5 +1,6 @@
 """Verification of draft tokens against the target's distribution, one request at a time over
-its m + 1 target rows (the rows of its last token and its m drafts, from ONE target forward).
+its m + 1 target rows (the rows of its last token and its m drafts, from ONE target forward); a
+batch of greedy requests in one argmax over all rows.
 
 Rejection sampling (Leviathan et al. 2023, arXiv 2211.17192; Chen et al. 2023): draft x_j drawn
 from p_j is accepted with probability min(1, q_j(x_j) / p_j(x_j)), q_j being the target's
