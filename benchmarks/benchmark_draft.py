@@ -21,20 +21,19 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.core.request import Request  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.engine.tokenizer import get_tokenizer  # noqa: E402
-from vllm.model_executor.model_loader.loader import load_hf_config  # noqa: E402
+from vllm.model_executor.model_loader.loader import resolve_config  # noqa: E402
 from vllm.spec_decode.draft_worker import DraftModelProposer  # noqa: E402
 
 
 def make_draft(args, dtype: str) -> DraftModelProposer:
     """The draft worker exactly as the engine builds it (on the CPU), for a target that is the
     draft itself."""
-    config = EngineArgs(model=args.model, device="cpu", dtype=dtype, load_format=args.load_format,
-                        max_model_len=args.context + args.num_forwards + 16,
-                        speculative_model=args.model, num_speculative_tokens=1,
-                        cpu_draft_worker=True, speculative_draft_dtype=dtype
-                        ).create_engine_config()
-    config.hf_config = load_hf_config(args.model, args.load_format)
-    config.resolve()
+    engine_args = EngineArgs(model=args.model, device="cpu", dtype=dtype,
+                             load_format=args.load_format,
+                             max_model_len=args.context + args.num_forwards + 16,
+                             speculative_model=args.model, num_speculative_tokens=1,
+                             cpu_draft_worker=True, speculative_draft_dtype=dtype)
+    config = resolve_config(engine_args.create_engine_config())
     return DraftModelProposer(config, get_tokenizer(config.model_config))
 
 

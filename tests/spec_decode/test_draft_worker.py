@@ -10,16 +10,15 @@ from vllm import LLM, SamplingParams
 from vllm.core.request import Request
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.tokenizer import get_tokenizer
-from vllm.model_executor.model_loader.loader import load_hf_config
+from vllm.model_executor.model_loader.loader import resolve_config
 from vllm.spec_decode.draft_worker import DraftModelProposer
 
 
 def make_proposer(target, draft, k=4):
-    config = EngineArgs(model=target, dtype="float32", device="cpu", speculative_model=draft,
-                        num_speculative_tokens=k, cpu_draft_worker=True,
-                        speculative_draft_dtype="float32").create_engine_config()
-    config.hf_config = load_hf_config(target, "auto")
-    config.resolve()
+    args = EngineArgs(model=target, dtype="float32", device="cpu", speculative_model=draft,
+                      num_speculative_tokens=k, cpu_draft_worker=True,
+                      speculative_draft_dtype="float32")
+    config = resolve_config(args.create_engine_config())
     return DraftModelProposer(config, get_tokenizer(config.model_config))
 
 

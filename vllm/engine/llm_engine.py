@@ -46,7 +46,7 @@ from vllm.engine.detokenizer import Detokenizer, check_stop_strings, check_token
 from vllm.engine.tokenizer import get_tokenizer
 from vllm.logger import init_logger
 from vllm.model_executor.sampler import LogprobsTensors
-from vllm.model_executor.model_loader.loader import load_hf_config
+from vllm.model_executor.model_loader.loader import resolve_config
 from vllm.outputs import CompletionOutput, Logprob, RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.spec_decode.governor import SpecGovernor
@@ -73,10 +73,8 @@ class _RequestGroup:
 class LLMEngine:
 
     def __init__(self, config: VllmConfig) -> None:
+        self.config = resolve_config(config)
         mc = config.model_config
-        config.hf_config = load_hf_config(mc.model, mc.load_format, mc.hf_overrides)
-        config.resolve()
-        self.config = config
         torch.manual_seed(mc.seed)
         self.tokenizer = get_tokenizer(mc)
         self.worker = Worker(config)

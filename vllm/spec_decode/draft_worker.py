@@ -19,7 +19,7 @@ from vllm.core.block_manager import BlockManager
 from vllm.core.request import Request
 from vllm.core.scheduler import SchedulerOutput
 from vllm.logger import init_logger
-from vllm.model_executor.model_loader.loader import load_hf_config
+from vllm.model_executor.model_loader.loader import resolve_config
 from vllm.model_executor.sampler import Sampler, SamplingBatch
 from vllm.spec_decode.proposer import Proposal, ProposalHandle, Proposer
 from vllm.worker import kv_cache
@@ -62,9 +62,7 @@ def draft_config(target: VllmConfig) -> VllmConfig:
         config.device_config.device = "cpu"
         mc.dtype = spec.speculative_draft_dtype
     config.cache_config.num_gpu_blocks_override = None
-    config.hf_config = load_hf_config(mc.model, mc.load_format)
-    config.resolve()
-    return config
+    return resolve_config(config)
 
 
 def check_vocab_match(target_tokenizer: Any, draft_tokenizer: Any, target_vocab: int,

@@ -48,6 +48,15 @@ def load_hf_config(model: str, load_format: str, hf_overrides: dict | None = Non
     return config
 
 
+def resolve_config(config: Any) -> Any:
+    """A created VllmConfig made whole: the model's HF config read (with its overrides), then
+    every derived field resolved against it. The engine and the draft worker start this way."""
+    mc = config.model_config
+    config.hf_config = load_hf_config(mc.model, mc.load_format, mc.hf_overrides)
+    config.resolve()
+    return config
+
+
 def _iter_weights(model: str, fmt: str) -> Iterator[tuple[str, torch.Tensor]]:
     if fmt == "gguf":
         return open_gguf(model).iter_weights()
