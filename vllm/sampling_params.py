@@ -106,6 +106,13 @@ class SamplingParams:
         return self.temperature < SAMPLING_EPS
 
     @property
+    def is_plain_greedy(self) -> bool:
+        """Greedy on the raw logits: no penalty and no min_tokens ban changes them first."""
+        return (self.is_greedy and self.presence_penalty == 0.0
+                and self.frequency_penalty == 0.0 and self.repetition_penalty == 1.0
+                and self.min_tokens == 0)
+
+    @property
     def sampling_type(self) -> SamplingType:
         if self.is_greedy:
             return SamplingType.GREEDY

@@ -108,3 +108,20 @@ def test_logprobs_with_speculation_equal_plain(spec_target, spec_draft, draft):
                     assert ex[t].rank == ey[t].rank
             assert abs(x.cumulative_logprob - y.cumulative_logprob) < 1e-3
     assert llm.llm_engine.spec_metrics.num_spec_steps > 0
+
+
+@pytest.mark.parametrize("extra", [dict(repetition_penalty=1.3), dict(presence_penalty=0.8),
+                                   dict(min_tokens=NUM_TOKENS, ignore_eos=False)])
+def test_greedy_with_logit_changes_equals_plain(spec_target, extra):
+    """Greedy requests whose logits are changed first (penalties, a min_tokens ban) verify on
+    the changed logits, row by row as decoding would; plain-greedy ones on the raw argmax."""
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, **{"ignore_eos": True,
+                                                                       **extra})
+    plain = LLM(spec_target, dtype="float32", device="cpu")
+    llm = LLM(spec_target, dtype="float32", device="cpu", speculative_model=spec_target,
+              num_speculative_tokens=3, cpu_draft_worker=True, speculative_draft_dtype="float32")
+    ref = [o.outputs[0].token_ids for o in plain.generate(PROMPTS[:3], params, use_tqdm=False)]
+    outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], params, use_tqdm=False)]
+    assert outs == ref
+    m = llm.llm_engine.spec_metrics
+    assert m.num_spec_steps > 0 and m.acceptance_rate == 1.0  # the draft is the target

@@ -75,13 +75,6 @@ def check_vocab_match(target_tokenizer: Any, draft_tokenizer: Any, target_vocab:
                          "target's; speculative decoding needs the same tokenizer")
 
 
-def _plain_greedy(params: Any) -> bool:
-    """Greedy with nothing that changes the logits first (penalties, a min_tokens ban)."""
-    return (params.is_greedy and params.presence_penalty == 0.0
-            and params.frequency_penalty == 0.0 and params.repetition_penalty == 1.0
-            and params.min_tokens == 0)
-
-
 class DraftModelProposer(Proposer):
 
     def __init__(self, target_config: VllmConfig, target_tokenizer: Any) -> None:
@@ -170,7 +163,7 @@ class DraftModelProposer(Proposer):
         for req, k in self.last_drafted:
             seq = self.seqs.get(req.req_id)
             end = seq.num_tokens + k + 1 if seq is not None else 0
-            if (k > 0 and _plain_greedy(req.sampling_params) and end <= self.max_model_len
+            if (k > 0 and req.sampling_params.is_plain_greedy and end <= self.max_model_len
                     and self.block_manager.grow(seq.block_ids, end)):
                 reqs.append(req)
                 ks.append(k + 1)
@@ -222,7 +215,7 @@ class DraftModelProposer(Proposer):
                 ) -> tuple[list[int], list[Optional[torch.Tensor]]]:
         """Greedy drafts for greedy requests; otherwise a draw from the draft's processed
         distribution p (returned, on the CPU, for the rejection sampler)."""
-        if all(_plain_greedy(r.sampling_params) for r in reqs):
+        if all(r.sampling_params.is_plain_greedy for r in reqs):
             return logits.argmax(-1).tolist(), [None] * len(reqs)
         batch = SamplingBatch.build(
             [r.sampling_params for r in reqs], [r.prompt_token_ids for r in reqs],

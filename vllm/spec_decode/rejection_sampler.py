@@ -38,13 +38,17 @@ class RejectionSampler:
         return self.verify_async(logits, batch, drafts, draft_ids, draft_probs, is_greedy,
                                  generators)()
 
-    def verify_async(self, logits: torch.Tensor, batch: SamplingBatch, drafts: list[list[int]],
+    def verify_async(self, logits: torch.Tensor, batch: Optional[SamplingBatch],
+                     drafts: list[list[int]],
                      draft_ids: torch.Tensor, draft_probs: list[Optional[torch.Tensor]],
                      is_greedy: list[bool], generators: list[Optional[torch.Generator]]
                      ) -> Callable[[], list[list[int]]]:
         """Queues the device work of every request and returns the function that reads it back
         with one synchronisation. draft_ids: the drafts, concatenated, already on logits' device
-        (and draft_probs too), so that nothing here waits for the device before that read."""
+        (and draft_probs too), so that nothing here waits for the device before that read.
+        batch None: every request is plain greedy (SamplingParams.is_plain_greedy)."""
+        if batch is None:  # plain greedy requests only: nothing changes the logits
+            return self._greedy_batch(logits.argmax(dim=-1), drafts)
         penalised = Sampler.apply_penalties(logits, batch)
         if all(is_greedy):
             return self._greedy_batch(penalised.argmax(dim=-1), drafts)

@@ -184,14 +184,16 @@ class ModelRunner:
     def _prepare_verify(self, out: SchedulerOutput, indices: list[int],
                         drafts: list[list[int]]) -> tuple:
         """The rejection sampler's inputs but the logits: one sampling row per target row (row
-        j of a request has seen its first j drafts), the drafts and their distributions on the
-        device."""
+        j of a request has seen its first j drafts; none when every request is plain greedy),
+        the drafts and their distributions on the device."""
         reqs = [out.requests[i] for i in indices]
-        rows = [(r, d[:j]) for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
-        batch = SamplingBatch.build(
-            [r.sampling_params for r, _ in rows], [r.prompt_token_ids for r, _ in rows],
-            [r.output_token_ids + seen for r, seen in rows], [None] * len(rows),
-            self.vocab_size, self.device, eos_token_id=reqs[0].eos_token_id)
+        batch = None  # plain greedy: the argmax of the raw logits decides, no sampling rows
+        if not all(r.sampling_params.is_plain_greedy for r in reqs):
+            rows = [(r, d[:j]) for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
+            batch = SamplingBatch.build(
+                [r.sampling_params for r, _ in rows], [r.prompt_token_ids for r, _ in rows],
+                [r.output_token_ids + seen for r, seen in rows], [None] * len(rows),
+                self.vocab_size, self.device, eos_token_id=reqs[0].eos_token_id)
         draft_ids = torch.tensor([t for d in drafts for t in d], dtype=torch.long,
                                  device=self.device)
         probs = [out.draft_probs.get(i) for i in indices]
