@@ -10,7 +10,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,11 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.entrypoints.utils import free_port  # noqa: E402
+
 PROMPTS = ["def fibonacci(n):\n", "import numpy as np\n\ndef softmax(x):\n",
            "class Stack:\n    def __init__(self):\n", "def is_prime(n: int) -> bool:\n"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(proc: subprocess.Popen, url: str, timeout: float) -> None:
