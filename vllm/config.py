@@ -91,6 +91,16 @@ class SpeculativeConfig:
     speculative_adaptive: str = doc(
         "on", "switch speculation off for a while when it is measured slower than plain "
         "decoding, then probe again (ours)", choices=["on", "off"])
+    speculative_draft_process: str = doc(
+        "auto", "run a CPU draft model in its own process (own threads and cores, no shared "
+        "GIL): auto (when the target is on a GPU), on, off (ours)",
+        choices=["auto", "on", "off"])
+    speculative_draft_cpus: Optional[str] = doc(
+        None, "cores of the draft process, e.g. '2-15' (default: with a GPU target and 4+ "
+        "cores, all but the first two; else unpinned) (ours)")
+    speculative_draft_timeout: float = doc(
+        30.0, "seconds the engine waits for the draft process's drafts before it restarts "
+        "it and decodes without speculation meanwhile (ours)")
     speculative_config: Optional[dict] = doc(None, "JSON: {method, model, "
                                              "num_speculative_tokens, draft_device, ...}")
 
@@ -144,6 +154,11 @@ class SpeculativeConfig:
         if self.speculative_draft_ahead not in ("auto", "on", "off"):
             raise ValueError(f"speculative_draft_ahead must be auto, on or off, got "
                              f"{self.speculative_draft_ahead!r}")
+        if self.speculative_draft_timeout <= 0:
+            raise ValueError(f"speculative_draft_timeout must be > 0, got "
+                             f"{self.speculative_draft_timeout}")
+        if self.speculative_draft_process == "on" and self.is_ngram:
+            raise ValueError("speculative_draft_process=on needs a draft model, not [ngram]")
         if (self.speculative_disable_by_batch_size is not None
                 and self.speculative_disable_by_batch_size < 2):
             raise ValueError("speculative_disable_by_batch_size must be >= 2")

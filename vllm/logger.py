@@ -1,8 +1,9 @@
 """The project's logger: `init_logger(__name__)` gives a child of the `vllm` logger."""
 import logging
+import os
 import sys
 
-_FORMAT = "%(levelname)s %(asctime)s %(filename)s:%(lineno)d] %(message)s"
+_FORMAT = "%(levelname)s %(asctime)s {process}%(filename)s:%(lineno)d] %(message)s"
 _configured = False
 
 
@@ -14,7 +15,11 @@ def _configure_root() -> None:
 
     root = logging.getLogger("vllm")
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%m-%d %H:%M:%S"))
+    # processes the engine starts name themselves (VLLM_PROCESS_NAME): one stream, each line
+    # says which process wrote it
+    name = os.environ.get("VLLM_PROCESS_NAME")
+    fmt = _FORMAT.format(process=f"({name} pid=%(process)d) " if name else "")
+    handler.setFormatter(logging.Formatter(fmt, datefmt="%m-%d %H:%M:%S"))
     root.addHandler(handler)
     root.setLevel(envs.VLLM_LOGGING_LEVEL)
     root.propagate = False

@@ -88,6 +88,8 @@ class LLMEngine:
         self.spec_config = config.speculative_config
         self.proposer = self._create_proposer() if self.spec_config.enabled else None
         self.draft_ahead = self._draft_ahead()
+        if self.proposer is not None:
+            self.proposer.draft_ahead = self.draft_ahead
         self.governor = (SpecGovernor() if self.proposer is not None
                          and self.spec_config.speculative_adaptive == "on" else None)
         self.spec_metrics = SpecDecodeMetrics()
@@ -97,8 +99,22 @@ class LLMEngine:
         spec = self.spec_config
         if spec.is_ngram:
             return NgramProposer(spec.ngram_prompt_lookup_max, spec.ngram_prompt_lookup_min)
+        if self._use_draft_process():
+            from vllm.spec_decode.draft_process import DraftProcessProposer
+            return DraftProcessProposer(self.config)
         from vllm.spec_decode.draft_worker import DraftModelProposer
         return DraftModelProposer(self.config, self.tokenizer)
+
+    def _use_draft_process(self) -> bool:
+        """A CPU draft runs in its own process when asked to, or (auto) beside a GPU target."""
+        spec = self.spec_config
+        draft_on_cpu = spec.cpu_draft_worker or self.config.device.type == "cpu"
+        if spec.speculative_draft_process == "on" and not draft_on_cpu:
+            raise ValueError("speculative_draft_process=on runs a CPU draft: add "
+                             "cpu_draft_worker=True")
+        if spec.speculative_draft_process == "auto":
+            return draft_on_cpu and self.config.device.type != "cpu"
+        return spec.speculative_draft_process == "on"
 
     def _draft_ahead(self) -> bool:
         """Drafting ahead pays when it overlaps the target's forward: the draft on another
@@ -108,6 +124,11 @@ class LLMEngine:
         if self.proposer is None or mode == "off" or draft_config is None:
             return False
         return mode == "on" or draft_config.device.type != self.config.device.type
+
+    def shutdown(self) -> None:
+        """Stops the processes this engine started (the draft process)."""
+        if self.proposer is not None:
+            self.proposer.shutdown()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":

@@ -35,6 +35,8 @@ class ProposalHandle:
 
 
 class Proposer(ABC):
+    # set by the engine: the target's forward leaves time to draft ahead (propose_ahead)
+    draft_ahead: bool = False
 
     @abstractmethod
     def propose(self, requests: list[Request], max_num_drafts: list[int]) -> ProposalHandle:
@@ -50,3 +52,6 @@ class Proposer(ABC):
 
     def free(self, req_id: str) -> None:
         """The request finished or was aborted."""
+
+    def shutdown(self) -> None:
+        """Releases what the proposer started (a process)."""

@@ -1,0 +1,301 @@
+"""The CPU draft in its own process: DraftProcessProposer (in the engine) speaks to a drafter
+process that holds the DraftModelProposer, its KV cache and its own torch thread pool, pinned to
+its own cores. torch's CPU thread count is process-wide and Python holds one GIL per process: in
+its own process the draft neither shares threads with the engine's launch thread nor stalls it.
+
+One message per engine step goes down the pipe, one comes back:
+
+    engine -> drafter   DraftStep: frees, accepts, token-id deltas of the mirrored requests,
+                        which requests to draft for (and how many tokens), draft ahead or not
+    drafter -> engine   ("drafts", ids per request, draft probs per request or None)
+                        then, with drafting ahead, the drafter drafts past its proposal while the
+                        engine verifies it; the next DraftStep is read once that is done
+
+The drafter mirrors each request (its token ids, sampling params) from the deltas it is sent.
+Faults never change outputs, only whether a step speculates: a drafter that raises answers
+("failed", message) and resets (it resyncs from full token ids); one that dies or does not answer
+within the timeout is killed and a new one started in the background; until it is ready the
+engine decodes without speculation. Too many failures in a row switch speculation off."""
+import os
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from vllm.config import VllmConfig
+from vllm.core.request import Request
+from vllm.logger import init_logger
+from vllm.process_utils import (child_connection, die_with_parent, parse_cpu_list,
+                                 start_process, stop_process)
+from vllm.sampling_params import SamplingParams
+from vllm.spec_decode.proposer import Proposal, ProposalHandle, Proposer
+
+logger = init_logger(__name__)
+
+MAX_CONSECUTIVE_FAILURES = 5
+START_TIMEOUT_S = 600.0
+
+
+@dataclass
+class TokenSync:
+    """Brings the drafter's mirror of req_id to the engine's tokens: token ids from position
+    `start` on; a full sync (start 0) also carries the params and the prompt length."""
+    req_id: str
+    start: int
+    token_ids: list[int]
+    params: Optional[SamplingParams] = None
+    num_prompt_tokens: int = 0
+
+
+@dataclass
+class DraftStep:
+    frees: list[str] = field(default_factory=list)
+    accepts: list[tuple[str, int]] = field(default_factory=list)  # (req_id, num_accepted)
+    syncs: list[TokenSync] = field(default_factory=list)
+    proposals: list[tuple[str, int]] = field(default_factory=list)  # (req_id, max drafts)
+    draft_ahead: bool = False
+
+
+class MirroredRequest:
+    """What DraftModelProposer reads of a Request, kept in step with the engine's."""
+
+    def __init__(self, sync: TokenSync) -> None:
+        self.req_id = sync.req_id
+        self.sampling_params = sync.params
+        self.prompt_token_ids = sync.token_ids[:sync.num_prompt_tokens]
+        self.output_token_ids = sync.token_ids[sync.num_prompt_tokens:]
+
+    def apply(self, sync: TokenSync) -> None:
+        start = sync.start - len(self.prompt_token_ids)
+        del self.output_token_ids[start:]
+        self.output_token_ids.extend(sync.token_ids)
+
+    num_prompt_tokens = Request.num_prompt_tokens
+    num_tokens = Request.num_tokens
+    all_token_ids = Request.all_token_ids
+
+
+def _drafter_main() -> None:
+    """The drafter process: load, say ready, then serve DraftSteps until the pipe closes."""
+    die_with_parent()
+    conn, (target_config, cpus) = child_connection()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(len(cpus))
+    try:
+        from vllm.engine.tokenizer import get_tokenizer
+        from vllm.spec_decode.draft_worker import DraftModelProposer
+        proposer = DraftModelProposer(target_config, get_tokenizer(target_config.model_config))
+    except Exception as e:  # noqa: BLE001 - the engine reports it as a start-up error
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ready", os.getpid()))
+    mirrors: dict[str, MirroredRequest] = {}
+    while True:
+        try:
+            step = conn.recv()
+        except (EOFError, OSError):
+            return
+        if step is None:
+            return
+        try:
+            conn.send(("drafts", *_serve_step(proposer, mirrors, step)))
+        except Exception as e:  # noqa: BLE001 - one failed step; resync everything
+            logger.exception("drafter step failed; resetting its state")
+            for req_id in list(mirrors):
+                proposer.free(req_id)
+            mirrors.clear()
+            conn.send(("failed", f"{type(e).__name__}: {e}"))
+            continue
+        if step.draft_ahead:
+            proposer.propose_ahead()
+
+
+def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
+                step: DraftStep) -> tuple[list[list[int]], list]:
+    for req_id in step.frees:
+        proposer.free(req_id)
+        mirrors.pop(req_id, None)
+    for req_id, num_accepted in step.accepts:
+        if req_id in mirrors:
+            proposer.accept(mirrors[req_id], num_accepted)
+    for sync in step.syncs:
+        if sync.params is not None:
+            mirrors[sync.req_id] = MirroredRequest(sync)
+        else:
+            mirrors[sync.req_id].apply(sync)
+    reqs = [mirrors[req_id] for req_id, _ in step.proposals]
+    proposal = proposer.propose(reqs, [k for _, k in step.proposals]).result()
+    probs = [p.numpy() if p is not None else None for p in proposal.draft_probs]
+    return proposal.draft_token_ids, probs
+
+
+class DraftProcessProposer(Proposer):
+    """The engine's side: a Proposer whose drafts come from the drafter process."""
+
+    def __init__(self, target_config: VllmConfig) -> None:
+        from vllm.spec_decode.draft_worker import draft_config
+
+        spec = target_config.speculative_config
+        self.target_config = target_config
+        self.config = draft_config(target_config)  # the engine reads the draft's device
+        self.timeout_s = spec.speculative_draft_timeout
+        self.cpus = parse_cpu_list(spec.speculative_draft_cpus) or default_draft_cpus(
+            target_config)
+        self.num_tokens_sent: dict[str, int] = {}  # req_id -> tokens the mirror holds
+        self.pending = DraftStep()
+        self.num_restarts = 0
+        self.num_failures = 0
+        self.consecutive_failures = 0
+        self.pid: Optional[int] = None
+        self.ready = False
+        self._start()
+        self._wait_ready()
+
+    # the process
+
+    def _start(self) -> None:
+        self.proc, self.conn = start_process("vllm.spec_decode.draft_process", "Drafter",
+                                             (self.target_config, self.cpus))
+        # a proposer dropped without shutdown() still takes its process with it
+        weakref.finalize(self, stop_process, self.proc)
+        self.ready = False
+        self.pending = DraftStep()
+        self.num_tokens_sent.clear()
+
+    def _wait_ready(self) -> None:
+        """The first start: an error (bad draft, vocabulary mismatch) is the user's."""
+        if not self.conn.poll(START_TIMEOUT_S):
+            self.shutdown()
+            raise RuntimeError(f"the draft process did not start within {START_TIMEOUT_S} s")
+        try:
+            kind, value = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(f"the draft process exited with {self.proc.poll()} while "
+                               "starting") from None
+        if kind == "error":
+            self.shutdown()
+            raise ValueError(f"the draft model failed to start: {value}")
+        self._on_ready(value)
+
+    def _on_ready(self, pid: int) -> None:
+        self.ready, self.pid = True, pid
+        logger.info("draft process %d ready (cpus %s)", pid, self.cpus or "all")
+
+    def _poll_restart(self) -> bool:
+        """Whether a restarted drafter is ready now (never waits)."""
+        try:
+            if not self.conn.poll():
+                if self.proc.poll() is not None:
+                    self._fail("the draft process exited while starting")
+                return False
+            kind, value = self.conn.recv()
+        except (EOFError, OSError):
+            self._fail("the draft process exited while starting")
+            return False
+        if kind == "error":
+            self._fail(f"the draft process failed to start: {value}")
+            return False
+        self._on_ready(value)
+        return True
+
+    def _fail(self, reason: str) -> None:
+        """Kills the drafter and starts another, unless it keeps failing."""
+        self.num_failures += 1
+        self.consecutive_failures += 1
+        self._kill()
+        if self.consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
+            logger.error("%s; %d failures in a row: speculation stays off", reason,
+                         self.consecutive_failures)
+            return
+        logger.warning("%s; decoding without speculation until a new drafter is ready",
+                       reason)
+        self.num_restarts += 1
+        self._start()
+
+    def _kill(self) -> None:
+        self.ready = False
+        self.proc.kill()
+        self.proc.wait(5)
+        self.conn.close()
+
+    @property
+    def gave_up(self) -> bool:
+        return self.consecutive_failures >= MAX_CONSECUTIVE_FAILURES
+
+    def shutdown(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        stop_process(self.proc)
+
+    # the Proposer interface
+
+    def propose(self, requests: list[Request], max_num_drafts: list[int]) -> ProposalHandle:
+        empty = Proposal([[] for _ in requests], [None] * len(requests))
+        if self.gave_up or not (self.ready or self._poll_restart()):
+            return ProposalHandle(lambda: empty)
+        step, self.pending = self.pending, DraftStep()
+        step.draft_ahead = self.draft_ahead
+        for req, k in zip(requests, max_num_drafts):
+            step.syncs.append(self._sync(req))
+            step.proposals.append((req.req_id, k))
+        try:
+            self.conn.send(step)
+        except OSError:
+            self._fail("the draft process is gone")
+            return ProposalHandle(lambda: empty)
+        return ProposalHandle(lambda: self._receive(empty))
+
+    def _sync(self, req: Request) -> TokenSync:
+        sent = self.num_tokens_sent.get(req.req_id)
+        self.num_tokens_sent[req.req_id] = req.num_tokens
+        if sent is None or sent > req.num_tokens or sent < req.num_prompt_tokens:
+            return TokenSync(req.req_id, 0, req.all_token_ids, req.sampling_params,
+                             req.num_prompt_tokens)
+        return TokenSync(req.req_id, sent,
+                         req.output_token_ids[sent - req.num_prompt_tokens:])
+
+    def _receive(self, empty: Proposal) -> Proposal:
+        try:
+            if not self.conn.poll(self.timeout_s):
+                self._fail(f"the draft process did not answer within {self.timeout_s} s")
+                return empty
+            kind, *value = self.conn.recv()
+        except (EOFError, OSError):
+            self._fail("the draft process died")
+            return empty
+        if kind == "failed":
+            self.num_failures += 1
+            self.consecutive_failures += 1
+            self.num_tokens_sent.clear()
+            logger.warning("the drafter failed a step (%s); this step runs without "
+                           "speculation", value[0])
+            return empty
+        self.consecutive_failures = 0
+        draft_ids, probs = value
+        return Proposal(draft_ids, [torch.from_numpy(p) if p is not None else None
+                                    for p in probs])
+
+    def accept(self, req: Request, num_accepted: int) -> None:
+        self.pending.accepts.append((req.req_id, num_accepted))
+
+    def free(self, req_id: str) -> None:
+        if self.num_tokens_sent.pop(req_id, None) is not None:
+            self.pending.frees.append(req_id)
+
+
+def default_draft_cpus(target_config: VllmConfig) -> Optional[list[int]]:
+    """With the target on a GPU and 4+ cores: the API server and the engine core keep the first
+    two cores, the drafter gets the rest. Otherwise (a CPU target, or few cores) no pinning:
+    the processes share what there is."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if target_config.device.type == "cpu" or len(cpus) < 4:
+        return None
+    return cpus[2:]
+
+
+if __name__ == "__main__":
+    _drafter_main()
