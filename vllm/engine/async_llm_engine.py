@@ -11,46 +11,18 @@ runs, the worker during a step.
 """
 import asyncio
 import concurrent.futures
-import time
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional, Protocol
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.engine_client import (_ABORTED, DEFAULT_WAITING_FACTOR,  # noqa: F401
+                                       EngineClient, EngineDeadError, EngineOverloadedError,
+                                       EngineStats, ServingCounters)
 from vllm.engine.llm_engine import LLMEngine, PromptType
 from vllm.logger import init_logger
-from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 
 logger = init_logger(__name__)
-
-# without --max-waiting-requests: this many times max_num_seqs may wait for a slot
-DEFAULT_WAITING_FACTOR = 4
-
-
-class EngineOverloadedError(RuntimeError):
-    """Too many requests wait already; the caller should retry later (HTTP 503)."""
-
-
-class EngineDeadError(RuntimeError):
-    """A step failed; the engine's state is unknown and it takes no more requests."""
-
-
-_ABORTED = object()  # queued to a request's stream by abort(): the stream ends there
-
-
-class StatsSink(Protocol):
-    def observe_first_token(self, seconds: float) -> None: ...
-
-    def observe_finished(self, e2e_seconds: float, finish_reason: Optional[str]) -> None: ...
-
-
-@dataclass
-class ServingCounters:
-    """Cumulative totals since start, read by /metrics."""
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    finished: Counter = field(default_factory=Counter)  # finish reason -> requests
 
 
 @dataclass
@@ -61,18 +33,12 @@ class _PendingAdd:
     verdict: asyncio.Future  # True once added, False if aborted first, or add_request's error
 
 
-class AsyncLLMEngine:
+class AsyncLLMEngine(EngineClient):
 
     def __init__(self, engine: LLMEngine, max_waiting_requests: Optional[int] = None) -> None:
+        super().__init__(engine.max_model_len, engine.config.scheduler_config.max_num_seqs,
+                         max_waiting_requests)
         self.engine = engine
-        max_num_seqs = engine.config.scheduler_config.max_num_seqs
-        self.max_waiting_requests = (max_waiting_requests if max_waiting_requests is not None
-                                     else DEFAULT_WAITING_FACTOR * max_num_seqs)
-        self.counters = ServingCounters()
-        self.stats_sink: Optional[StatsSink] = None
-        self.dead_error: Optional[BaseException] = None
-        self._queues: dict[str, asyncio.Queue] = {}
-        self._num_seen: dict[str, int] = {}  # request id -> output tokens already counted
         self._pending_adds: list[_PendingAdd] = []
         self._pending_aborts: set[str] = set()
         self._wake: Optional[asyncio.Event] = None
@@ -96,67 +62,26 @@ class AsyncLLMEngine:
     def num_waiting(self) -> int:
         return len(self.engine.scheduler.waiting) + len(self._pending_adds)
 
+    def stats(self) -> EngineStats:
+        stats = self.engine.stats()
+        stats.num_waiting += len(self._pending_adds)
+        return stats
+
     @property
     def is_running(self) -> bool:
         return self._loop_task is not None and not self._loop_task.done()
 
     # requests
 
-    async def generate(self, prompt: PromptType, params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
-        """Yields the request's RequestOutput (cumulative) after each step that advanced it,
-        the last with finished=True. Closing the iterator early aborts the request."""
+    async def _submit(self, request_id: str, prompt: Any, params: Any) -> bool:
         self._ensure_started()
-        if self.dead_error is not None:
-            raise EngineDeadError(f"the engine failed and takes no requests: "
-                                  f"{self.dead_error!r}")
-        if self.num_waiting >= self.max_waiting_requests:
-            raise EngineOverloadedError(f"{self.num_waiting} requests are waiting already "
-                                        f"(limit {self.max_waiting_requests}); retry later")
-        if request_id in self._queues:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        queue: asyncio.Queue = asyncio.Queue()
-        self._queues[request_id] = queue
         pending = _PendingAdd(request_id, prompt, params,
                               asyncio.get_running_loop().create_future())
         self._pending_adds.append(pending)
         self._wake.set()
-        start = time.monotonic()
-        first_token_seen = finished = False
-        try:
-            if not await pending.verdict:  # aborted before it was added
-                finished = True
-                return
-            while not finished:
-                output = await queue.get()
-                # outputs are cumulative: the newest says it all (but a finished one is kept)
-                while not queue.empty() and not getattr(output, "finished", False):
-                    output = queue.get_nowait()
-                if output is _ABORTED:
-                    finished = True  # the engine has forgotten it already
-                    return
-                if isinstance(output, BaseException):
-                    raise output
-                finished = output.finished
-                if self.stats_sink is not None:
-                    if not first_token_seen and any(o.token_ids for o in output.outputs):
-                        first_token_seen = True
-                        self.stats_sink.observe_first_token(time.monotonic() - start)
-                    if finished:
-                        self.stats_sink.observe_finished(
-                            time.monotonic() - start, output.outputs[0].finish_reason)
-                yield output
-        finally:
-            self._queues.pop(request_id, None)
-            if not finished:
-                self.abort(request_id)
+        return await pending.verdict
 
-    def abort(self, request_id: str) -> None:
-        """Aborts a request (no-op if unknown or finished); its KV blocks are freed before the
-        next step, and its stream ends."""
-        queue = self._queues.get(request_id)
-        if queue is not None:
-            queue.put_nowait(_ABORTED)
+    def _send_abort(self, request_id: str) -> None:
         for pending in self._pending_adds:
             if pending.request_id == request_id:
                 self._pending_adds.remove(pending)
@@ -229,34 +154,12 @@ class AsyncLLMEngine:
         if aborts:
             live = [rid for rid in aborts if rid in self.engine.groups]
             self.engine.abort_request(live)
-            for request_id in live:
-                self._num_seen.pop(request_id, None)
-                self.counters.finished["abort"] += 1
+            self._count_aborted(live)
 
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        for output in outputs:
-            rid = output.request_id
-            seen = self._num_seen.get(rid)
-            if seen is None:
-                self.counters.prompt_tokens += len(output.prompt_token_ids)
-                seen = 0
-            total = sum(len(o.token_ids) for o in output.outputs)
-            self.counters.generation_tokens += total - seen
-            if output.finished:
-                self._num_seen.pop(rid, None)
-                self.counters.finished[output.outputs[0].finish_reason or "stop"] += 1
-            else:
-                self._num_seen[rid] = total
-            queue = self._queues.get(rid)
-            if queue is not None:
-                queue.put_nowait(output)
-
-    def _fail_all(self, error: Exception) -> None:
-        self.dead_error = error
+    def _fail_all(self, error: BaseException) -> None:
+        super()._fail_all(error)
         dead = EngineDeadError(f"the engine failed: {error!r}")
         for pending in self._pending_adds:
             if not pending.verdict.done():
                 pending.verdict.set_exception(dead)
         self._pending_adds.clear()
-        for queue in self._queues.values():
-            queue.put_nowait(dead)

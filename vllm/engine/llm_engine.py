@@ -211,6 +211,19 @@ class LLMEngine:
                 if self.proposer is not None:
                     self.proposer.free(child.req_id)
 
+    def stats(self) -> "EngineStats":
+        from vllm.engine.engine_client import EngineStats
+
+        spec = None
+        if self.spec_config.enabled:
+            spec = self.spec_metrics.as_dict(self.spec_config.num_speculative_tokens)
+            for key in ("num_restarts", "num_failures"):
+                if hasattr(self.proposer, key):
+                    spec[f"drafter_{key}"] = getattr(self.proposer, key)
+        return EngineStats(num_running=len(self.scheduler.running),
+                           num_waiting=len(self.scheduler.waiting),
+                           kv_cache_usage=self.block_manager.usage, spec_decode=spec)
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 

@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, Response
 
 import vllm
 from vllm.engine.arg_utils import EngineArgs
-from vllm.engine.async_llm_engine import (AsyncLLMEngine, EngineDeadError,
-                                          EngineOverloadedError)
+from vllm.engine.async_llm_engine import AsyncLLMEngine
+from vllm.engine.engine_client import EngineClient, EngineDeadError, EngineOverloadedError
 from vllm.entrypoints.openai.metrics import ServerMetrics
 from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                               DetokenizeRequest, ModelCard, ModelList,
@@ -33,6 +33,8 @@ from vllm.logger import init_logger
 logger = init_logger(__name__)
 
 UVICORN_LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
+# SIGTERM: streams still open after this long are cut, then the engine stops
+GRACEFUL_SHUTDOWN_S = 5
 
 
 def _error(status: int, message: str, err_type: str) -> JSONResponse:
@@ -82,14 +84,14 @@ def _model_name(args: argparse.Namespace) -> str:
     return getattr(args, "served_model_name", None) or str(args.model)
 
 
-def build_app(engine: AsyncLLMEngine, args: argparse.Namespace) -> FastAPI:
+def build_app(engine: EngineClient, args: argparse.Namespace) -> FastAPI:
     model_name = _model_name(args)
     api_key = getattr(args, "api_key", None)
     serving = OpenAIServing(engine, model_name,
                             load_chat_template(getattr(args, "chat_template", None)))
     metrics = ServerMetrics(engine, model_name)
     tokenizer = engine.get_tokenizer()
-    max_model_len = engine.engine.max_model_len
+    max_model_len = engine.max_model_len
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -131,8 +133,8 @@ def build_app(engine: AsyncLLMEngine, args: argparse.Namespace) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         if engine.dead_error is not None:
-            return _error(500, f"the engine failed: {engine.dead_error!r}",
-                          "InternalServerError")
+            return _error(503, f"the engine failed: {engine.dead_error!r}",
+                          "ServiceUnavailableError")
         return Response(status_code=200)
 
     @app.get("/version")
@@ -196,10 +198,23 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--max-waiting-requests", type=int, default=None,
                         help="requests that may wait for a slot before new ones get 503 "
                         "(default: 4 * max_num_seqs)")
+    parser.add_argument("--disable-frontend-multiprocessing", action="store_true",
+                        help="run the engine on a thread of the server's process instead of "
+                        "in its own engine core process")
     return EngineArgs.add_cli_args(parser)
 
 
+def create_engine_client(args: argparse.Namespace) -> EngineClient:
+    """The engine core in its own process (default), or on a thread of this one."""
+    engine_args = EngineArgs.from_cli_args(args)
+    if args.disable_frontend_multiprocessing:
+        return AsyncLLMEngine.from_engine_args(engine_args, args.max_waiting_requests)
+    from vllm.engine.core_client import MPEngineClient
+    return MPEngineClient.from_engine_args(engine_args, args.max_waiting_requests)
+
+
 def run_server(args: argparse.Namespace) -> None:
+    """Serves until SIGTERM / Ctrl-C (exit 0) or until the engine dies (exit 1)."""
     import uvicorn
 
     if getattr(args, "model", None) is None:
@@ -208,14 +223,23 @@ def run_server(args: argparse.Namespace) -> None:
         raise SystemExit("error: --max-waiting-requests must be >= 1")
     try:
         load_chat_template(args.chat_template)
-        engine = AsyncLLMEngine.from_engine_args(EngineArgs.from_cli_args(args),
-                                                 args.max_waiting_requests)
+        engine = create_engine_client(args)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from e
     app = build_app(engine, args)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+        timeout_keep_alive=5, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+
+    def on_engine_dead() -> None:
+        logger.error("the engine is dead; the server exits")
+        server.should_exit = True
+
+    engine.on_dead = on_engine_dead
     logger.info("serving %s on http://%s:%d", _model_name(args), args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                timeout_keep_alive=5)
+    server.run()
+    if engine.dead_error is not None:
+        raise SystemExit(1)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

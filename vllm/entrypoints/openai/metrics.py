@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from vllm.engine.async_llm_engine import AsyncLLMEngine
+from vllm.engine.engine_client import EngineClient
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
                     160.0, 320.0)
@@ -14,7 +14,7 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0
 
 class _EngineCollector(Collector):
 
-    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
         self.engine = engine
         self.labels = {"model_name": model_name}
 
@@ -29,16 +29,16 @@ class _EngineCollector(Collector):
         return c
 
     def collect(self) -> Iterator[Metric]:
-        eng, llm = self.engine, self.engine.engine
-        usage = llm.block_manager.usage
+        eng = self.engine
+        stats = eng.stats()
         yield self._gauge("vllm:num_requests_running", "requests in the running batch",
-                          eng.num_running)
+                          stats.num_running)
         yield self._gauge("vllm:num_requests_waiting", "requests waiting for a slot",
-                          eng.num_waiting)
+                          stats.num_waiting)
         yield self._gauge("vllm:gpu_cache_usage_perc", "fraction of KV cache blocks in use "
-                          "(1 = full), whichever device holds the cache", usage)
+                          "(1 = full), whichever device holds the cache", stats.kv_cache_usage)
         yield self._gauge("vllm:kv_cache_usage_perc", "fraction of KV cache blocks in use",
-                          usage)
+                          stats.kv_cache_usage)
         yield self._counter("vllm:prompt_tokens", "prompt tokens prefilled",
                             eng.counters.prompt_tokens)
         yield self._counter("vllm:generation_tokens", "tokens generated",
@@ -48,8 +48,8 @@ class _EngineCollector(Collector):
         for reason in ("stop", "length", "abort"):
             done.add_metric([*self.labels.values(), reason], eng.counters.finished[reason])
         yield done
-        if llm.spec_config.enabled:
-            m = llm.spec_metrics.as_dict(llm.spec_config.num_speculative_tokens)
+        m = stats.spec_decode
+        if m is not None:
             yield self._gauge("vllm:spec_decode_draft_acceptance_rate",
                               "accepted / drafted tokens", m["acceptance_rate"])
             yield self._gauge("vllm:spec_decode_efficiency", "emitted tokens / (k + 1) per "
@@ -63,7 +63,11 @@ class _EngineCollector(Collector):
                              ("num_verify_forwards", "batched target forwards that verified "
                               "drafts"),
                              ("draft_time_s", "seconds spent drafting"),
-                             ("verify_time_s", "seconds spent in verification forwards")):
+                             ("verify_time_s", "seconds spent in verification forwards"),
+                             ("drafter_num_restarts", "draft processes restarted after a "
+                              "fault"),
+                             ("drafter_num_failures", "draft process faults (died, stalled "
+                              "past the timeout, or raised)")):
                 if key in m:
                     name = key.replace("_time_s", "_time_seconds")
                     yield self._counter(f"vllm:spec_decode_{name}", doc, m[key])
@@ -72,7 +76,7 @@ class _EngineCollector(Collector):
 class ServerMetrics:
     """The server's registry; hooks itself into the engine as its stats sink."""
 
-    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine, model_name))
         self._ttft = Histogram("vllm:time_to_first_token_seconds",

@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Optional, Union
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from vllm.engine.async_llm_engine import AsyncLLMEngine
+from vllm.engine.engine_client import EngineClient
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, ChatCompletionResponseChoice,
@@ -95,7 +95,7 @@ async def merge_streams(streams: list[AsyncIterator[RequestOutput]]
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _abort_on_disconnect(raw: Request, engine: AsyncLLMEngine,
+async def _abort_on_disconnect(raw: Request, engine: EngineClient,
                                request_ids: list[str]) -> None:
     while (await raw.receive())["type"] != "http.disconnect":
         pass
@@ -105,7 +105,7 @@ async def _abort_on_disconnect(raw: Request, engine: AsyncLLMEngine,
 
 class OpenAIServing:
 
-    def __init__(self, engine: AsyncLLMEngine, model_name: str,
+    def __init__(self, engine: EngineClient, model_name: str,
                  chat_template: Optional[str]) -> None:
         self.engine = engine
         self.model_name = model_name
