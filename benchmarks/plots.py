@@ -40,6 +40,11 @@ def load(paths: Iterable[str]) -> list[dict]:
     return out
 
 
+def value(v):
+    """A figure given as a number or as {"median": ..., "min": ..., "max": ...}."""
+    return v.get("median") if isinstance(v, dict) else v
+
+
 def machine(result: dict, host: bool = False) -> str:
     """'NVIDIA H200' for a GPU run, 'NVIDIA H200 host CPU' for a CPU-only benchmark (host) on
     that machine, else 'CPU, N threads'."""
@@ -238,14 +243,14 @@ def plot_draft(result: dict, path: str) -> str:
         rs.sort(key=lambda r: r["threads"])
         xs, color = [r["threads"] for r in rs], colors[i % len(colors)]
         threads.update(xs)
-        ms = [r["ms_per_forward"] for r in rs]
+        ms = [value(r["ms_per_forward"]) for r in rs]
         err = None
         if all("min" in r and "max" in r for r in rs):
             err = [[m - r["min"] for m, r in zip(ms, rs)], [r["max"] - m for m, r in zip(ms, rs)]]
         ax.errorbar(xs, ms, yerr=err, fmt="o-", color=color, capsize=3,
                     label=f"{dtype} (median, min-max)")
         if all("floor_ms" in r for r in rs):
-            ax.plot(xs, [r["floor_ms"] for r in rs], "--", color=color,
+            ax.plot(xs, [value(r["floor_ms"]) for r in rs], "--", color=color,
                     label=f"{dtype} floor (bytes / host bandwidth)")
     if threads and max(threads) > 2:
         ax.set_xscale("log", base=2)
@@ -291,16 +296,17 @@ def plot_latency(results: list[dict], path: str) -> str:
         xs = [r.get("args", {}).get("batch_size", 1) for r in rs]
         color = colors[i % len(colors)]
         batches.update(xs)
-        ys = [r["engine"]["decode_step_ms"] for r in rs]
+        ys = [value(r["engine"]["decode_step_ms"]) for r in rs]
         values += ys
         ax.plot(xs, ys, "o-", color=color, label=f"engine: {label}")
-        hf = [(x, r["hf_transformers"]["decode_step_ms"]) for x, r in zip(xs, rs)
+        hf = [(x, value(r["hf_transformers"]["decode_step_ms"])) for x, r in zip(xs, rs)
               if "hf_transformers" in r]
         if hf:
             ax.plot([x for x, _ in hf], [y for _, y in hf], "s-.", color=color,
                     label=f"HF transformers: {label}")
             values += [y for _, y in hf]
-        floors = [(x, r["decode_floor_ms"]) for x, r in zip(xs, rs) if "decode_floor_ms" in r]
+        floors = [(x, value(r["decode_floor_ms"])) for x, r in zip(xs, rs)
+                  if "decode_floor_ms" in r]
         if floors:
             ax.plot([x for x, _ in floors], [y for _, y in floors], "--", color=color, alpha=0.7,
                     label="floor (weights + KV / bandwidth)" if i == 0 else None)
