@@ -235,7 +235,7 @@ def plot_draft(result: dict, path: str) -> str:
     dtype, its floor dashed in the same colour."""
     by_dtype = defaultdict(list)
     for r in result.get("rows", []):
-        by_dtype[r["dtype"]].append(r)
+        by_dtype[r.get("dtype", "?")].append(r)
     fig, (ax,) = figure(1)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     threads = set()
@@ -320,7 +320,7 @@ def plot_latency(results: list[dict], path: str) -> str:
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(ticker.FuncFormatter(
-            lambda v, _: f"{v:g}" if str(round(v, 6))[0] in "1235" else ""))
+            lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "235" else ""))
     else:
         ax.set_ylim(bottom=0)
     ax.set_xlabel("batch size (sequences)")
