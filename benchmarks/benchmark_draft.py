@@ -16,6 +16,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.floors import step_floor_ms  # noqa: E402
+from benchmarks.plot_args import add_plot_args, plot_run  # noqa: E402
 from benchmarks.timing import copy_bandwidth_gbps, provenance, write_json  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.core.request import Request  # noqa: E402
@@ -88,6 +89,7 @@ def main(args) -> dict:
     result = {"provenance": provenance(), "model": args.model, "context": args.context,
               "batch_size": args.batch_size, "rows": rows}
     write_json(args.output_json, result, args)
+    plot_run("draft", result, args)
     return result
 
 
@@ -103,6 +105,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--output-json", default=None)
+    add_plot_args(parser)
     return parser
 
 

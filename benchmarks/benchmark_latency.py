@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.hf_baseline import hf_generate_latency, load_hf_model  # noqa: E402
 from benchmarks.floors import step_floor_ms  # noqa: E402
+from benchmarks.plot_args import add_plot_args, plot_run  # noqa: E402
 from benchmarks.timing import copy_bandwidth_gbps, provenance, write_json  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
@@ -92,6 +93,7 @@ def main(args) -> dict:
         result["hf_transformers"] = summarize(hf_full, hf_prefill, args)
     print_report(result)
     write_json(args.output_json, result, args)
+    plot_run("latency", result, args)
     return result
 
 
@@ -129,6 +131,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hf-baseline", action="store_true",
                         help="also time Hugging Face transformers eager generation")
     parser.add_argument("--output-json", type=str, default=None)
+    add_plot_args(parser, several=True)
     EngineArgs.add_cli_args(parser)
     return parser
 

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.plot_args import add_plot_args, plot_run  # noqa: E402
 from benchmarks.timing import provenance, write_json  # noqa: E402
 
 PERCENTILES = [50, 90, 99]
@@ -111,6 +112,7 @@ def main(args) -> dict:
         row = summary[name]
         print(f"{name:<8}" + "".join(f"  p{p} {row[str(p)] or 0:.1f}" for p in PERCENTILES))
     write_json(args.output_json, summary, args)
+    plot_run("serving", summary, args)
     return summary
 
 
@@ -129,6 +131,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--output-json", default=None)
+    parser.add_argument("--label", default=None,
+                        help="names the server's configuration (one line per label in --plot)")
+    add_plot_args(parser, several=True)
     return parser
 
 

@@ -24,6 +24,7 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.floors import step_floor_ms  # noqa: E402
+from benchmarks.plot_args import add_plot_args, plot_run  # noqa: E402
 from benchmarks.timing import copy_bandwidth_gbps, provenance, write_json  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
@@ -198,6 +199,7 @@ def main(args) -> dict:
         result["hf_transformers"] = hf_spec_baseline(args, target_config, draft_config, plain)
     print_report(result)
     write_json(args.output_json, result, args)
+    plot_run("spec", result, args)
     return result
 
 
@@ -260,6 +262,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hf-k", type=int, default=4, help="assistant tokens per step for HF")
     parser.add_argument("--hf-num-prompts", type=int, default=4)
     parser.add_argument("--output-json", default=None)
+    add_plot_args(parser)
     EngineArgs.add_cli_args(parser, skip=("num_speculative_tokens",))
     return parser
 

@@ -1,0 +1,349 @@
+"""The benchmarks' pictures, drawn from their result JSON (one function per picture; missing
+optional fields are left out of the picture, so JSON from older runs still draws):
+
+    plot_spec_decode  tokens/s and tau against k, one line per proposer (benchmark_spec_decode)
+    plot_serving      output tokens/s and TPOT against concurrency, one line per configuration,
+                      from several runs (benchmark_serving)
+    plot_draft        ms per draft forward against threads, per dtype, with its floor
+                      (benchmark_draft)
+    plot_latency      decode step against batch size with its floor, from several runs
+                      (benchmark_latency)
+
+    python benchmarks/plots.py {spec,serving,draft,latency} OUT.png RESULT.json [RESULT.json ...]
+
+Headless (the Agg backend); a picture is 900 x 550 pixels."""
+import argparse
+import io
+import json
+import os
+from collections import defaultdict
+from typing import Iterable, Optional
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
+
+SIZE_IN, DPI = (9.0, 5.5), 100
+MARKERS = "osD^v"
+PROPOSER_NAMES = {"none": "no speculation", "draft-cpu": "draft on CPU",
+                  "draft-cpu+ahead": "draft on CPU, drafting ahead", "draft-cuda": "draft on GPU",
+                  "ngram": "n-gram", "draft": "draft"}
+
+
+def load(paths: Iterable[str]) -> list[dict]:
+    out = []
+    for path in paths:
+        with open(path) as f:
+            out.append(json.load(f))
+    return out
+
+
+def value(v):
+    """A figure given as a number or as {"median": ..., "min": ..., "max": ...}."""
+    return v.get("median") if isinstance(v, dict) else v
+
+
+def machine(result: dict, host: bool = False) -> str:
+    """'NVIDIA H200' for a GPU run, 'NVIDIA H200 host CPU' for a CPU-only benchmark (host) on
+    that machine, else 'CPU, N threads'."""
+    prov = result.get("provenance", {})
+    if prov.get("gpu") and (host or result.get("device", "cuda") != "cpu"):
+        return prov["gpu"] + (" host CPU" if host else "")
+    threads = prov.get("cpu_threads")
+    return "CPU" + (f", {threads} threads" if threads and not host else "")
+
+
+def commit(result: dict) -> str:
+    prov = result.get("provenance", {})
+    c = prov.get("commit", "unknown")
+    if c == "unknown" and prov.get("source_sha256"):
+        return f"source {prov['source_sha256']}"
+    return f"commit {c}"
+
+
+def title_of(what: str, results: list[dict], host: bool = False) -> str:
+    """what, then the machines and commits of the runs drawn."""
+    machines = sorted({machine(r, host) for r in results})
+    commits = sorted({commit(r) for r in results})
+    if len(commits) > 3:
+        commits = commits[:3] + ["..."]
+    return f"{what}\n{' / '.join(machines)}; {', '.join(commits)}"
+
+
+def model_name(path: Optional[str]) -> str:
+    """The last path component a model was given by (a directory or a file)."""
+    if not path:
+        return "?"
+    base = os.path.basename(str(path).rstrip("/"))
+    return base[:-5] if base.endswith(".gguf") else base
+
+
+def figure(ncols: int = 1):
+    fig, axes = plt.subplots(1, ncols, figsize=SIZE_IN, dpi=DPI)
+    return fig, ([axes] if ncols == 1 else list(axes))
+
+
+def shared_legend(fig, axes, ncol: int = 3) -> float:
+    """One legend for all panels, under them (the lines' labels, each once); the fraction of
+    the figure's height it takes."""
+    handles, labels = [], []
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    if not labels:
+        return 0.0
+    rows = -(-len(labels) // ncol)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8.5, frameon=False)
+    return 0.02 + 0.042 * rows
+
+
+def save(fig, title: str, path: str, bottom: float = 0.0) -> str:
+    """Title, layout (leaving bottom of the height to a shared legend), and a palette PNG
+    (a few tens of KB)."""
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=DPI, format="png")
+    plt.close(fig)
+    buf.seek(0)
+    from PIL import Image
+    Image.open(buf).convert("RGB").quantize(colors=128).save(path, optimize=True)
+    return path
+
+
+def _proposer(row: dict, result: dict) -> str:
+    """The row's proposer; older runs named none (their one draft came from the command)."""
+    if row.get("proposer"):
+        return row["proposer"]
+    if row.get("k", 0) == 0:
+        return "none"
+    return "draft-cpu" if "--cpu-draft-worker" in result.get("provenance", {}).get(
+        "command", "") else "draft"
+
+
+def plot_spec_decode(result: dict, path: str) -> str:
+    """Left: end-to-end tokens/s against k per proposer (solid), the rate drafting for free would
+    give (dotted, same colour: tau x the plain step / the verification step), the plain rate and
+    the transformers baselines (horizontal). Right: tau against k per proposer, under its bound
+    k + 1 (every drafted token accepted)."""
+    rows = result.get("rows", [])
+    plain = next((r for r in rows if r.get("k", 0) == 0), None)
+    by_proposer = defaultdict(list)
+    for r in rows:
+        if r.get("k", 0) > 0:
+            by_proposer[_proposer(r, result)].append(r)
+    fig, (ax_rate, ax_tau) = figure(2)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    all_k = sorted({r["k"] for rs in by_proposer.values() for r in rs})
+    for i, (name, rs) in enumerate(by_proposer.items()):
+        rs = sorted(rs, key=lambda r: r["k"])
+        ks, color = [r["k"] for r in rs], colors[i % len(colors)]
+        label = PROPOSER_NAMES.get(name, name)
+        style = dict(color=color, label=label, marker=MARKERS[i % len(MARKERS)],
+                     markersize=max(8 - 1.5 * i, 4))  # equal points stay visible
+        ax_rate.plot(ks, [r["tokens_per_s"] for r in rs], "-", **style)
+        if plain and all("bound_free_draft" in r for r in rs):
+            ax_rate.plot(ks, [r["bound_free_draft"] * plain["tokens_per_s"] for r in rs], ":",
+                         color=color, alpha=0.8)
+        if all("tau" in r for r in rs):
+            ax_tau.plot(ks, [r["tau"] for r in rs], "-", **style)
+    if plain:
+        ax_rate.axhline(plain["tokens_per_s"], color="black", ls="--", lw=1,
+                        label=f"no speculation ({plain['tokens_per_s']:.0f})")
+    for r, ls in zip(result.get("hf_transformers", []), ("-.", (0, (1, 3)))):
+        ax_rate.axhline(r["tokens_per_s"], color="gray", ls=ls, lw=1,
+                        label=f"HF transformers {r['mode']} ({r['tokens_per_s']:.0f})")
+    if any(r.get("bound_free_draft") for rs in by_proposer.values() for r in rs):
+        ax_rate.plot([], [], ":", color="gray", label="dotted: if drafting were free")
+    if all_k:
+        ax_tau.plot(all_k, [k + 1 for k in all_k], "--", color="black", lw=1,
+                    label="bound: k + 1 (all accepted)")
+    for ax in (ax_rate, ax_tau):
+        ax.set_xlabel("k (drafted tokens per step)")
+        ax.set_xticks(all_k or [0])
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    ax_rate.set_ylabel("output tokens/s (end to end)")
+    ax_tau.set_ylabel("tau (tokens per target forward)")
+    bottom = shared_legend(fig, (ax_rate, ax_tau))
+    what = (f"Speculative decoding: {result.get('prompts', '?')} prompts x "
+            f"{result.get('num_prompts', '?')}, batch {result.get('batch_size', 'all')}, "
+            f"{result.get('max_tokens', '?')} tokens, greedy")
+    return save(fig, title_of(what, [result]), path, bottom)
+
+
+def serving_point(result: dict) -> Optional[tuple[str, int]]:
+    """(configuration label, concurrency) of a serving run: requests in flight at once is
+    max_concurrency where given, else all prompts when they were sent at once."""
+    args = result.get("args", {})
+    label = result.get("label") or args.get("label") or model_name(args.get("model"))
+    conc = result.get("max_concurrency") or args.get("max_concurrency")
+    if conc is None and str(args.get("request_rate", "inf")) == "inf":
+        conc = args.get("num_prompts") or result.get("completed")
+    return (label, int(conc)) if conc else None
+
+
+def plot_serving(results: list[dict], path: str) -> str:
+    """Left: output tokens/s against concurrency. Right: TPOT median (solid) and p90 (dotted)
+    against concurrency. One line per configuration (the run's label)."""
+    lines = defaultdict(list)
+    for r in results:
+        point = serving_point(r)
+        if point is None:
+            print(f"plot_serving: skipping a run without a concurrency ({r.get('args', {})})")
+            continue
+        lines[point[0]].append((point[1], r))
+    fig, (ax_rate, ax_tpot) = figure(2)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    concs, any_p90 = set(), False
+    for i, (label, pts) in enumerate(sorted(lines.items())):
+        pts.sort(key=lambda p: p[0])
+        xs, color = [p[0] for p in pts], colors[i % len(colors)]
+        concs.update(xs)
+        ax_rate.plot(xs, [p[1]["output_throughput"] for p in pts], "o-", color=color, label=label)
+        tpot = [(x, p["tpot_ms"]) for x, p in pts if p.get("tpot_ms", {}).get("50") is not None]
+        if tpot:
+            ax_tpot.plot([x for x, _ in tpot], [t["50"] for _, t in tpot], "o-", color=color,
+                         label=label)
+            p90 = [(x, t["90"]) for x, t in tpot if t.get("90") is not None]
+            ax_tpot.plot([x for x, _ in p90], [v for _, v in p90], ":", color=color)
+            any_p90 = any_p90 or bool(p90)
+    if any_p90:
+        ax_tpot.plot([], [], ":", color="gray", label="dotted: p90")
+    for ax in (ax_rate, ax_tpot):
+        ax.set_xlabel("concurrency (requests in flight)")
+        if concs and max(concs) / min(concs) >= 8:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(concs) or [1])
+        ax.set_xticklabels([str(c) for c in sorted(concs)] or ["1"])
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    ax_rate.set_ylabel("output tokens/s (all requests)")
+    ax_tpot.set_ylabel("TPOT (ms per output token after the first)")
+    args = next((r.get("args", {}) for r in results), {})
+    what = (f"Serving: input {args.get('input_len', '?')}, output {args.get('output_len', '?')} "
+            f"tokens, temperature {args.get('temperature', '?')}")
+    return save(fig, title_of(what, results), path, shared_legend(fig, (ax_rate, ax_tpot)))
+
+
+def plot_draft(result: dict, path: str) -> str:
+    """ms per one-token draft forward against threads (median, min-max bars), one line per
+    dtype, its floor dashed in the same colour."""
+    by_dtype = defaultdict(list)
+    for r in result.get("rows", []):
+        by_dtype[r.get("dtype", "?")].append(r)
+    fig, (ax,) = figure(1)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    threads = set()
+    for i, (dtype, rs) in enumerate(by_dtype.items()):
+        rs.sort(key=lambda r: r["threads"])
+        xs, color = [r["threads"] for r in rs], colors[i % len(colors)]
+        threads.update(xs)
+        ms = [value(r["ms_per_forward"]) for r in rs]
+        err = None
+        if all("min" in r and "max" in r for r in rs):
+            err = [[m - r["min"] for m, r in zip(ms, rs)], [r["max"] - m for m, r in zip(ms, rs)]]
+        ax.errorbar(xs, ms, yerr=err, fmt="o-", color=color, capsize=3,
+                    label=f"{dtype} (median, min-max)")
+        if all("floor_ms" in r for r in rs):
+            ax.plot(xs, [value(r["floor_ms"]) for r in rs], "--", color=color,
+                    label=f"{dtype} floor (bytes / host bandwidth)")
+    if threads and max(threads) > 2:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(threads) or [1])
+    ax.set_xticklabels([str(t) for t in sorted(threads)] or ["1"])
+    ax.set_xlabel("CPU threads")
+    ax.set_ylabel("ms per one-token draft forward")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9)
+    what = (f"CPU draft forward: {model_name(result.get('model'))}, context "
+            f"{result.get('context', '?')}, batch {result.get('batch_size', 1)}")
+    return save(fig, title_of(what, [result], host=True), path)
+
+
+def latency_config(result: dict) -> str:
+    """The label of a latency run's configuration: model, dtype, speculation, lengths."""
+    args = result.get("args", {})
+    parts = [model_name(args.get("model")), args.get("dtype") or ""]
+    if args.get("load_format") == "dummy":
+        parts[0] += " (random weights)"
+    if args.get("speculative_model"):
+        where = "CPU" if args.get("cpu_draft_worker") else "same device"
+        parts.append(f"+ draft {model_name(args['speculative_model'])} on {where}, "
+                     f"k={args.get('num_speculative_tokens', '?')}")
+    parts.append(f"in {args.get('input_len', '?')} / out {args.get('output_len', '?')}")
+    return ", ".join(p for p in parts if p)
+
+
+def plot_latency(results: list[dict], path: str) -> str:
+    """Decode step (ms per output token) against batch size, one line per configuration
+    (engine solid, transformers baseline dash-dot), the floor dashed in the configuration's
+    colour. The y axis is logarithmic when the figures span more than 10x."""
+    groups = defaultdict(list)
+    for r in results:
+        if "engine" in r:
+            groups[latency_config(r)].append(r)
+    fig, (ax,) = figure(1)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    batches, values = set(), []
+    for i, (label, rs) in enumerate(sorted(groups.items())):
+        rs.sort(key=lambda r: r.get("args", {}).get("batch_size", 1))
+        xs = [r.get("args", {}).get("batch_size", 1) for r in rs]
+        color = colors[i % len(colors)]
+        batches.update(xs)
+        ys = [value(r["engine"]["decode_step_ms"]) for r in rs]
+        values += ys
+        ax.plot(xs, ys, "o-", color=color, label=f"engine: {label}")
+        hf = [(x, value(r["hf_transformers"]["decode_step_ms"])) for x, r in zip(xs, rs)
+              if "hf_transformers" in r]
+        if hf:
+            ax.plot([x for x, _ in hf], [y for _, y in hf], "s-.", color=color,
+                    label=f"HF transformers: {label}")
+            values += [y for _, y in hf]
+        floors = [(x, value(r["decode_floor_ms"])) for x, r in zip(xs, rs)
+                  if "decode_floor_ms" in r]
+        if floors:
+            ax.plot([x for x, _ in floors], [y for _, y in floors], "--", color=color, alpha=0.7,
+                    label="floor (weights + KV / bandwidth)" if i == 0 else None)
+            values += [y for _, y in floors]
+    if batches and max(batches) > 2:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(batches) or [1])
+    ax.set_xticklabels([str(b) for b in sorted(batches)] or ["1"])
+    positive = [v for v in values if v > 0]
+    if positive and max(positive) / min(positive) > 10:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(ticker.FuncFormatter(
+            lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "235" else ""))
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_xlabel("batch size (sequences)")
+    ax.set_ylabel("decode step (ms per output token)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7.5, loc="best")
+    return save(fig, title_of("Decode step against batch size (dashed: floor)", results), path)
+
+
+PLOTS = {"spec": lambda rs, out: plot_spec_decode(rs[0], out),
+         "serving": plot_serving,
+         "draft": lambda rs, out: plot_draft(rs[0], out),
+         "latency": plot_latency}
+
+
+def main(argv: Optional[list[str]] = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("kind", choices=sorted(PLOTS))
+    parser.add_argument("output", help="the PNG to write")
+    parser.add_argument("results", nargs="+", help="result JSON (spec and draft: the first)")
+    args = parser.parse_args(argv)
+    return PLOTS[args.kind](load(args.results), args.output)
+
+
+if __name__ == "__main__":
+    print(main())
