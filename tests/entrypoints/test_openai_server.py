@@ -287,7 +287,8 @@ def test_disconnect_aborts_and_frees_kv(server):
                      b"Authorization: Bearer " + API_KEY.encode() + b"\r\n"
                      b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
         deadline = time.monotonic() + 30
-        while (server.metric("vllm:num_requests_running") == 0
+        # /metrics is the engine core's snapshot after its last step: wait for the 4 children
+        while (server.metric("vllm:num_requests_running") != 4
                and time.monotonic() < deadline):
             time.sleep(0.01)
         assert server.metric("vllm:num_requests_running") == 4

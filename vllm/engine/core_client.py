@@ -105,6 +105,9 @@ class MPEngineClient(EngineClient):
             self._tasks = [loop.create_task(self._read_outputs()),
                            loop.create_task(self._supervise())]
 
+    async def start(self) -> None:
+        self._ensure_started()
+
     async def _submit(self, request_id: str, prompt: Any, params: Any) -> bool:
         self._ensure_started()
         self._unstarted.add(request_id)

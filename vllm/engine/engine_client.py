@@ -89,6 +89,9 @@ class EngineClient:
     def _send_abort(self, request_id: str) -> None:
         raise NotImplementedError
 
+    async def start(self) -> None:
+        """Called by the server once its event loop runs (background tasks start here)."""
+
     async def shutdown(self) -> None:
         raise NotImplementedError
 

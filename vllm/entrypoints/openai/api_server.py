@@ -12,6 +12,7 @@ Errors use OpenAI's body {"error": {"message", "type", "param", "code"}}: 400 fo
 import argparse
 import os
 import secrets
+import signal
 from contextlib import asynccontextmanager
 from typing import Any, Optional
 
@@ -95,6 +96,7 @@ def build_app(engine: EngineClient, args: argparse.Namespace) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        await engine.start()
         yield
         await engine.shutdown()
 
@@ -237,6 +239,10 @@ def run_server(args: argparse.Namespace) -> None:
 
     engine.on_dead = on_engine_dead
     logger.info("serving %s on http://%s:%d", _model_name(args), args.host, args.port)
+    # uvicorn turns SIGTERM / SIGINT into a graceful shutdown, then raises the signal again
+    # under the handlers it found: these make that a clean exit (0) instead of a death by signal
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     server.run()
     if engine.dead_error is not None:
         raise SystemExit(1)
