@@ -35,7 +35,7 @@ class RequestResult:
     num_output_tokens: int = 0
 
 
-async def send(client: httpx.AsyncClient, args, prompt: list[int]) -> RequestResult:
+async def send(client: httpx.AsyncClient, args, prompt) -> RequestResult:
     body = {"model": args.model, "prompt": prompt, "max_tokens": args.output_len,
             "temperature": args.temperature, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -66,10 +66,26 @@ async def send(client: httpx.AsyncClient, args, prompt: list[int]) -> RequestRes
     return result
 
 
+def make_prompts(args, rng: np.random.Generator) -> list:
+    """Random token ids of --input-len, or HumanEval's prompts as text (cycled)."""
+    if args.dataset == "humaneval":
+        from benchmarks.benchmark_spec_decode import humaneval_prompts
+        texts = humaneval_prompts(min(args.num_prompts, 164))
+        return [texts[i % len(texts)] for i in range(args.num_prompts)]
+    return [rng.integers(0, args.vocab_size, args.input_len).tolist()
+            for _ in range(args.num_prompts)]
+
+
 async def run(args) -> list[RequestResult]:
     rng = np.random.default_rng(args.seed)
-    prompts = [rng.integers(0, args.vocab_size, args.input_len).tolist()
-               for _ in range(args.num_prompts)]
+    prompts = make_prompts(args, rng)
+    # --max-concurrency: that many clients, each sending its next request when one ends
+    slots = asyncio.Semaphore(args.max_concurrency or len(prompts))
+
+    async def limited(client, prompt):
+        async with slots:
+            return await send(client, args, prompt)
+
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=args.num_prompts)
     async with httpx.AsyncClient(base_url=args.base_url, headers=headers, timeout=args.timeout,
@@ -77,7 +93,7 @@ async def run(args) -> list[RequestResult]:
         tasks = []
         with tqdm(total=len(prompts), desc="requests", disable=len(prompts) < 2) as bar:
             for prompt in prompts:
-                task = asyncio.create_task(send(client, args, prompt))
+                task = asyncio.create_task(limited(client, prompt))
                 task.add_done_callback(lambda _: bar.update())
                 tasks.append(task)
                 if args.request_rate != float("inf"):
@@ -123,6 +139,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--num-prompts", type=int, default=100)
     parser.add_argument("--request-rate", type=float, default=float("inf"))
+    parser.add_argument("--max-concurrency", type=int, default=None,
+                        help="at most this many requests in flight (clients)")
+    parser.add_argument("--dataset", choices=["random", "humaneval"], default="random",
+                        help="random token ids of --input-len, or HumanEval prompts as text")
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--vocab-size", type=int, default=1000,
