@@ -36,6 +36,11 @@ class EngineDeadError(RuntimeError):
     """A step failed; the engine's state is unknown and it takes no more requests."""
 
 
+class RequestFailedError(RuntimeError):
+    """The engine failed this request alone (our fault, not the caller's: HTTP 500); the
+    message names the request id."""
+
+
 _ABORTED = object()  # queued to a request's stream by abort(): the stream ends there
 
 
@@ -138,6 +143,8 @@ class AsyncLLMEngine:
                 if isinstance(output, BaseException):
                     raise output
                 finished = output.finished
+                if output.error is not None:
+                    raise RequestFailedError(f"request {request_id} failed: {output.error}")
                 if self.stats_sink is not None:
                     if not first_token_seen and any(o.token_ids for o in output.outputs):
                         first_token_seen = True
@@ -221,6 +228,10 @@ class AsyncLLMEngine:
                 self.engine.add_request(pending.request_id, pending.prompt, pending.params)
             except ValueError as e:
                 pending.verdict.set_exception(e)
+            except Exception as e:  # noqa: BLE001 - this request fails, the loop goes on
+                logger.exception("adding request %s failed", pending.request_id)
+                pending.verdict.set_exception(RequestFailedError(
+                    f"request {pending.request_id} failed: {type(e).__name__}: {e}"))
             else:
                 pending.verdict.set_result(True)
 
