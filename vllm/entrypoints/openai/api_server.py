@@ -15,6 +15,7 @@ request id when the engine failed a request, or for every request if the engine 
 import argparse
 import os
 import secrets
+import signal
 from contextlib import asynccontextmanager
 from typing import Any, Optional
 
@@ -298,8 +299,15 @@ def run_server(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {e}") from e
     app = build_app(engine, args)
     logger.info("serving %s on http://%s:%d", _model_name(args), args.host, args.port)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again to its previous
+    # handler: make that a clean exit (status 0) rather than death by the signal
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                 timeout_keep_alive=5, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+
+
+def _exit_cleanly(signum: int, _frame: Any) -> None:
+    raise SystemExit(0)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
