@@ -91,6 +91,9 @@ def main(args) -> dict:
         hf_prefill = hf_generate_latency(hf, args.batch_size * args.n, args.input_len, 1, device,
                                          args.num_iters)
         result["hf_transformers"] = summarize(hf_full, hf_prefill, args)
+    # vLLM's benchmark_latency.py writes these three at the top level: the engine's, here
+    result = {key: result["engine"][key] for key in ("avg_latency", "latencies", "percentiles")
+              } | result
     print_report(result)
     write_json(args.output_json, result, args)
     plot_run("latency", result, args)

@@ -1,5 +1,5 @@
 """A draft/target pair of Llama checkpoints with a REAL acceptance rate and a large target shape,
-built in a few minutes on one GPU (../shared/BENCHMARKS.md, "GPU end to end with a realistic
+built in a few minutes on one GPU (benchmarks/METHOD.md, "GPU end to end with a realistic
 acceptance rate"):
 
 1. corpus: the *.py files of this interpreter's stdlib and site-packages, walked in sorted order,

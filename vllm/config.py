@@ -29,6 +29,7 @@ class ModelConfig:
     trust_remote_code: bool = doc(False, "accepted for compatibility; remote code never runs")
     hf_overrides: Optional[dict] = doc(None, "config.json values to override (dummy shapes)")
     served_model_name: Optional[str] = doc(None, "model name in API responses")
+    max_logprobs: int = doc(20, "most logprobs (and prompt_logprobs) a request may ask for")
 
 
 @dataclass

@@ -22,7 +22,8 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: Optional[float] = None
     logprobs: Optional[SampleLogprobs] = None
-    finish_reason: Optional[str] = None  # "stop", "length", "abort" or None while running
+    # "stop", "length", "abort", "error" (ours: see RequestOutput.error) or None while running
+    finish_reason: Optional[str] = None
     stop_reason: Any = None  # the stop string or stop token id that ended it
 
     def finished(self) -> bool:
@@ -38,3 +39,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: dict[str, Any] = field(default_factory=dict)
+    # ours: set when the engine failed this request (its finish_reason is "error"): a fault
+    # while handling it alone (sampling, detokenizing, a stop check) or in the forward of its
+    # step; other requests go on
+    error: Optional[str] = None

@@ -116,3 +116,16 @@ def test_bad_engine_arguments(tiny_llama, tmp_path):
         LLM(str(bad), device="cpu")
     with pytest.raises(ValueError, match="max_model_len"):
         LLM(tiny_llama, max_model_len=10**6, device="cpu")
+
+
+def test_arguments_as_vllm_accepts_them(llm, tiny_llama):
+    """A torch.dtype for dtype, and None for an optional argument left unset, as in vLLM."""
+    import torch
+    other = LLM(tiny_llama, dtype=torch.float32, device="cpu", seed=None, max_model_len=None,
+                block_size=None, max_num_batched_tokens=None, swap_space=None)
+    config = other.llm_engine.config
+    assert config.model_config.dtype == "float32" and config.model_config.seed == 0
+    assert config.cache_config.block_size == 16
+    prompt = "The quick brown fox"
+    assert (other.generate(prompt, greedy(), use_tqdm=False)[0].outputs[0].token_ids
+            == llm.generate(prompt, greedy(), use_tqdm=False)[0].outputs[0].token_ids)

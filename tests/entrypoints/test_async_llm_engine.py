@@ -103,3 +103,46 @@ def test_waiting_limit(llm_engine):
     assert [isinstance(d, EngineOverloadedError) for d in done] == [False, False, True]
     # shutdown aborted what was still queued or running
     assert llm_engine.block_manager.usage == 0 and not llm_engine.has_unfinished_requests()
+
+
+def test_request_failed_mid_stream_and_add_fault_fail_alone(llm_engine, monkeypatch):
+    """A request the engine fails after its stream started raises RequestFailedError naming it
+    (the server reports it in-band); an add_request fault that is not a ValueError fails that
+    request alone; the loop keeps serving the others."""
+    from vllm.engine.async_llm_engine import RequestFailedError
+    engine = AsyncLLMEngine(llm_engine)
+    decode = llm_engine.detokenizer.decode_new_tokens
+
+    def faulty_decode(req, new_ids):
+        if req.group_id == "doomed" and len(req.output_token_ids) == 4:
+            raise RuntimeError("injected")
+        return decode(req, new_ids)
+
+    monkeypatch.setattr(llm_engine.detokenizer, "decode_new_tokens", faulty_decode)
+    add = llm_engine.add_request
+
+    def faulty_add(request_id, *args, **kwargs):
+        if request_id == "bad-add":
+            raise KeyError("injected add fault")
+        return add(request_id, *args, **kwargs)
+
+    monkeypatch.setattr(llm_engine, "add_request", faulty_add)
+
+    async def main():
+        try:
+            good = asyncio.ensure_future(collect(engine, "The quick", GREEDY, "good"))
+            seen = []
+            with pytest.raises(RequestFailedError, match="request doomed failed.*injected"):
+                async for out in engine.generate("import", GREEDY, "doomed"):
+                    seen.append(len(out.outputs[0].token_ids))
+            with pytest.raises(RequestFailedError, match="request bad-add failed.*KeyError"):
+                await collect(engine, "import", GREEDY, "bad-add")
+            return seen, await good, await collect(engine, "Once", GREEDY, "later")
+        finally:
+            await engine.shutdown()
+
+    seen, good, later = run(main())
+    assert seen and max(seen) == 3  # outputs came before the fault
+    assert good[-1].outputs[0].text == offline_text(llm_engine, "The quick", GREEDY)
+    assert later[-1].finished and engine.dead_error is None
+    assert llm_engine.block_manager.usage == 0 and not llm_engine.groups

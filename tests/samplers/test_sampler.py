@@ -497,3 +497,42 @@ def test_build_rejects_bad_input():
     with pytest.raises(ValueError, match="logits must have shape"):
         Sampler().sample(torch.randn(2, 10), SamplingBatch.build(p, [[1]], [[1]], [None], 10,
                                                                  "cpu"))
+
+
+# ---------------------------------------------------------------- non-finite rows
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_nonfinite_rows_are_flagged_alone(greedy):
+    """A row with a NaN or +inf logit, or with every token at -inf, is flagged with token 0; the
+    other rows (seeded) sample exactly what they sample without the bad rows in the batch."""
+    vocab = 64
+    logits = torch.randn(5, vocab)
+    logits[1, 7] = float("nan")
+    logits[2, 3] = float("inf")
+    logits[3] = float("-inf")
+    temp = 0.0 if greedy else 0.8
+    params = [SamplingParams(temperature=temp, seed=i) for i in range(5)]
+
+    def gens(rows):
+        return [torch.Generator().manual_seed(i) for i in rows]
+
+    out = Sampler().sample(logits, build(params, vocab, generators=gens(range(5))))
+    assert out.nonfinite_rows.tolist() == [False, True, True, True, False]
+    assert out.sampled_token_ids[1:4].tolist() == [0, 0, 0]
+    alone = Sampler().sample(logits[[0, 4]], build([params[0], params[4]], vocab,
+                                                   generators=gens([0, 4])))
+    assert alone.nonfinite_rows.tolist() == [False, False]
+    assert out.sampled_token_ids[[0, 4]].tolist() == alone.sampled_token_ids.tolist()
+
+
+def test_nonfinite_probabilities_from_parameters_are_flagged():
+    """Finite logits, but a repetition penalty that is 0 in fp32 makes +inf logits and NaN
+    probabilities; a partly banned (-inf) row is fine."""
+    logits = torch.randn(3, 32).abs() + 0.1
+    logits[2, :5] = float("-inf")
+    params = [SamplingParams(temperature=1.0, repetition_penalty=1e-46),
+              SamplingParams(temperature=1.0), SamplingParams(temperature=1.0)]
+    out = Sampler().sample(logits, build(params, 32, prompts=[[1, 2], [1, 2], [1, 2]]))
+    assert out.nonfinite_rows.tolist() == [True, False, False]
+    assert out.sampled_token_ids[2].item() >= 5

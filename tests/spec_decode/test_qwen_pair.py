@@ -25,5 +25,5 @@ def test_qwen_pair_greedy_equality(qwen05_gguf, qwen15_gguf):
     plain = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     assert spec == plain
     assert all(len(s) == 64 for s in spec)
-    # the pair agrees often (models.md: ~0.83 greedy agreement): tau well above 1
+    # the pair agrees often (docs/models.md: ~0.83 greedy agreement): tau well above 1
     assert metrics.mean_accepted_length > 2.0, metrics

@@ -15,6 +15,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH_CAPPED = enum.auto()
     FINISHED_ABORTED = enum.auto()
+    FINISHED_ERROR = enum.auto()  # handling it failed (ours): RequestOutput.error says why
 
     @property
     def is_finished(self) -> bool:
@@ -24,7 +25,8 @@ class RequestStatus(enum.Enum):
     def finish_reason(self) -> Optional[str]:
         return {RequestStatus.FINISHED_STOPPED: "stop",
                 RequestStatus.FINISHED_LENGTH_CAPPED: "length",
-                RequestStatus.FINISHED_ABORTED: "abort"}.get(self)
+                RequestStatus.FINISHED_ABORTED: "abort",
+                RequestStatus.FINISHED_ERROR: "error"}.get(self)
 
 
 class Request:
@@ -53,6 +55,7 @@ class Request:
         self.prompt_logprobs: Optional[list] = None
         self.first_token_time: Optional[float] = None
         self.metrics: dict[str, Any] = {}
+        self.error: Optional[str] = None  # why it finished with FINISHED_ERROR
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -24,7 +24,8 @@ class EngineArgs:
         unknown = [k for k in kwargs if k not in _FIELDS and k not in IGNORED_FLAGS]
         if unknown:
             raise ValueError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
-        self.kwargs = {k: v for k, v in kwargs.items() if k in _FIELDS}
+        self.kwargs = {k: _normalize(k, v) for k, v in kwargs.items()
+                       if k in _FIELDS and not (v is None and _FIELDS[k][1].default is not None)}
 
     def __getattr__(self, name: str) -> Any:
         if name in _FIELDS:
@@ -73,6 +74,16 @@ class EngineArgs:
         config = VllmConfig(**configs)
         config.verify()
         return config
+
+
+def _normalize(name: str, value: Any) -> Any:
+    """What vLLM's Python API also accepts, in the form the config holds: a torch.dtype for a
+    dtype field becomes its name ("float16"). (None for a field with a non-None default means
+    unset, as in vLLM, and is dropped before this.)"""
+    import torch
+    if isinstance(value, torch.dtype) and name.endswith("dtype"):
+        return str(value).removeprefix("torch.")
+    return value
 
 
 def _field_type(f: dataclasses.Field) -> Optional[type]:

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.engine_client import (_ABORTED, DEFAULT_WAITING_FACTOR,  # noqa: F401
                                        EngineClient, EngineDeadError, EngineOverloadedError,
-                                       EngineStats, ServingCounters)
+                                       EngineStats, RequestFailedError, ServingCounters)
 from vllm.engine.llm_engine import LLMEngine, PromptType
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingParams
@@ -146,6 +146,10 @@ class AsyncLLMEngine(EngineClient):
                 self.engine.add_request(pending.request_id, pending.prompt, pending.params)
             except ValueError as e:
                 pending.verdict.set_exception(e)
+            except Exception as e:  # noqa: BLE001 - this request fails, the loop goes on
+                logger.exception("adding request %s failed", pending.request_id)
+                pending.verdict.set_exception(RequestFailedError(
+                    f"request {pending.request_id} failed: {type(e).__name__}: {e}"))
             else:
                 pending.verdict.set_result(True)
 

@@ -18,7 +18,7 @@ import zmq
 import zmq.asyncio
 
 from vllm.engine.arg_utils import EngineArgs
-from vllm.engine.engine_client import EngineClient, EngineStats
+from vllm.engine.engine_client import EngineClient, EngineStats, RequestFailedError
 from vllm.engine.tokenizer import get_tokenizer
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.loader import resolve_config
@@ -28,10 +28,6 @@ logger = init_logger(__name__)
 
 START_TIMEOUT_S = 1800.0
 SUPERVISE_INTERVAL_S = 0.5
-
-
-class RequestFailedError(RuntimeError):
-    """The engine failed this one request (HTTP 500 naming the request id)."""
 
 
 class MPEngineClient(EngineClient):

@@ -18,7 +18,8 @@ class Detokenizer:
         """Forgets req; a finished request's held-back text (an incomplete UTF-8 tail) is
         appended first, unless a stop string cut the text."""
         state = self._state.pop(req.req_id, None)
-        if state is None or not req.is_finished or isinstance(req.stop_reason, str):
+        if (state is None or not req.is_finished or isinstance(req.stop_reason, str)
+                or req.status == RequestStatus.FINISHED_ERROR):
             return
         ids, prefix_offset, read_offset = state
         if read_offset < len(ids):

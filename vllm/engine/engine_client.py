@@ -29,6 +29,11 @@ class EngineDeadError(RuntimeError):
     """The engine failed as a whole and takes no more requests."""
 
 
+class RequestFailedError(RuntimeError):
+    """The engine failed this request alone (our fault, not the caller's: HTTP 500); the
+    message names the request id."""
+
+
 _ABORTED = object()  # queued to a request's stream by abort(): the stream ends there
 
 
@@ -129,6 +134,8 @@ class EngineClient:
                     finished = True
                     raise output
                 finished = output.finished
+                if output.error is not None:
+                    raise RequestFailedError(f"request {request_id} failed: {output.error}")
                 if self.stats_sink is not None:
                     if not first_token_seen and any(o.token_ids for o in output.outputs):
                         first_token_seen = True

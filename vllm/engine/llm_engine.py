@@ -172,7 +172,7 @@ class LLMEngine:
 
     def _tokenize(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
+            return prompt, self._encode(prompt)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             ids = list(prompt["prompt_token_ids"])
             vocab = self.config.hf_config.vocab_size
@@ -182,9 +182,21 @@ class LLMEngine:
                                  f"{bad[:5]}")
             return prompt.get("prompt"), ids
         if isinstance(prompt, dict) and "prompt" in prompt:
-            return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+            return prompt["prompt"], self._encode(prompt["prompt"])
         raise ValueError("a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', "
                          f"got {type(prompt).__name__}")
+
+    def _encode(self, text: Any) -> list[int]:
+        """The tokenizer's ids of text; whatever the tokenizer raises (some raise TypeError or
+        a Rust panic on text they cannot handle) becomes a ValueError naming it."""
+        if not isinstance(text, str):
+            raise ValueError(f"a prompt must be a string, got {type(text).__name__}")
+        try:
+            return list(self.tokenizer.encode(text))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - pyo3's PanicException is a BaseException
+            raise ValueError(f"the tokenizer rejected the prompt: {type(e).__name__}: {e}") from e
 
     def _validate_length(self, request_id: str, token_ids: list[int],
                          params: SamplingParams) -> None:
@@ -194,6 +206,12 @@ class LLMEngine:
             raise ValueError(f"request {request_id!r}: the prompt has {len(token_ids)} tokens; "
                              f"max_model_len is {self.max_model_len} (room for at least one "
                              "generated token is needed)")
+        max_logprobs = self.config.model_config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > max_logprobs:
+                raise ValueError(f"request {request_id!r}: {name}={value} is more than "
+                                 f"max_logprobs={max_logprobs} (--max-logprobs)")
         if params.prompt_logprobs is not None and (
                 len(token_ids) > self.config.scheduler_config.max_num_batched_tokens):
             raise ValueError(f"request {request_id!r}: prompt_logprobs needs the whole prompt "
@@ -233,47 +251,101 @@ class LLMEngine:
     # one step
 
     def step(self) -> list[RequestOutput]:
+        """Runs one step. It does not raise because of a request: a fault while handling one
+        request (sampling it, detokenizing, a stop check, formatting its logprobs) finishes that
+        request with RequestOutput.error set; a fault of the step as a whole (the forward)
+        fails the requests of this step the same way, and later steps serve the rest."""
         num_lookahead = self._num_lookahead()
         sched_out = self.scheduler.schedule(num_lookahead)
         if sched_out.is_empty():
             return []
+        try:
+            return self._run_step(sched_out, num_lookahead)
+        except Exception as e:  # noqa: BLE001 - the step's requests hear of it, not the caller
+            logger.exception("a step failed; failing its %d requests", len(sched_out.requests))
+            message = f"the engine step failed: {type(e).__name__}: {e}"
+            failed = {req.group_id: message for req in sched_out.requests}
+            return self._fail_groups(failed)
+
+    def _run_step(self, sched_out: SchedulerOutput, num_lookahead: int) -> list[RequestOutput]:
         step_start = time.perf_counter()
         speculating = num_lookahead > 0 and self._propose(sched_out)
         start = time.perf_counter()
-        ahead = self.proposer.propose_ahead if speculating and self.draft_ahead else None
+        ahead = self._propose_ahead if speculating and self.draft_ahead else None
         result = self.worker.execute_model(sched_out, ahead)
         self.scheduler.update(sched_out, result.sampled)
+        # group id -> why it failed: those groups are finished with an error below
+        failed = {sched_out.requests[i].group_id: msg for i, msg in result.failed.items()}
         if speculating:
             self._accept_drafts(sched_out, result, time.perf_counter() - start)
         if self.governor is not None:
             self._inform_governor(sched_out, result, speculating,
                                   1e3 * (time.perf_counter() - step_start))
-        self._record_logprobs(sched_out.requests, result)
+        self._record_logprobs(sched_out.requests, result, failed)
         touched: dict[str, None] = {}
         now = time.time()
         for i, (req, drafts, new_ids) in enumerate(zip(sched_out.requests,
                                                        sched_out.draft_token_ids, result.sampled)):
-            if not new_ids or req.is_finished:
+            if not new_ids or req.is_finished or req.group_id in failed:
                 continue
-            if req.first_token_time is None:
-                req.first_token_time = now
-            status, num_kept = self._append_checked(req, new_ids)
-            if i in result.token_logprobs and req.logprobs is not None:
-                entries = self._logprob_entries(result.token_logprobs[i],
-                                                [req.sampling_params.logprobs] * num_kept)
-                req.logprobs.extend(entries[:num_kept])
-            if drafts:
-                self._record_spec_step(req, len(drafts), new_ids, num_kept)
-            if status is not None:
-                self.scheduler.finish_request(req, status)
-                self.detokenizer.free(req)
-                if self.proposer is not None:
-                    self.proposer.free(req.req_id)
+            try:
+                self._process_new_tokens(req, i, drafts, new_ids, result, now)
+            except Exception as e:  # noqa: BLE001 - this request alone fails
+                logger.exception("request %s failed", req.group_id)
+                failed[req.group_id] = f"{type(e).__name__}: {e}"
             touched[req.group_id] = None
-        outputs = [self._make_output(self.groups[g]) for g in touched if g in self.groups]
+        outputs = []
+        for g in touched:
+            if g in self.groups and g not in failed:
+                try:
+                    outputs.append(self._make_output(self.groups[g]))
+                except Exception as e:  # noqa: BLE001 - this request alone fails
+                    logger.exception("request %s failed", g)
+                    failed[g] = f"{type(e).__name__}: {e}"
         for output in outputs:
             if output.finished:
                 del self.groups[output.request_id]
+        return outputs + self._fail_groups(failed)
+
+    def _process_new_tokens(self, req: Request, i: int, drafts: list[int], new_ids: list[int],
+                            result: RunnerOutput, now: float) -> None:
+        """Stop checks, text, logprobs and speculation counts of the tokens req just got."""
+        if req.first_token_time is None:
+            req.first_token_time = now
+        status, num_kept = self._append_checked(req, new_ids)
+        if i in result.token_logprobs and req.logprobs is not None:
+            entries = self._logprob_entries(result.token_logprobs[i],
+                                            [req.sampling_params.logprobs] * num_kept)
+            req.logprobs.extend(entries[:num_kept])
+        if drafts:
+            self._record_spec_step(req, len(drafts), new_ids, num_kept)
+        if status is not None:
+            self.scheduler.finish_request(req, status)
+            self.detokenizer.free(req)
+            if self.proposer is not None:
+                self.proposer.free(req.req_id)
+
+    def _fail_groups(self, failed: dict[str, str]) -> list[RequestOutput]:
+        """Finishes every child of each group with its error and frees what they held; returns
+        the groups' final outputs (error set)."""
+        outputs = []
+        for group_id, message in failed.items():
+            group = self.groups.pop(group_id, None)
+            if group is None:
+                continue
+            for child in group.children:
+                if not child.is_finished:
+                    self.scheduler.finish_request(child, RequestStatus.FINISHED_ERROR)
+                    child.error = message
+                self.detokenizer.free(child)
+                self._free_proposer_state([child])
+            try:
+                output = self._make_output(group)
+            except Exception:  # noqa: BLE001 - the error alone is reported then
+                output = RequestOutput(group.request_id, group.prompt, group.prompt_token_ids,
+                                       None, [], True)
+            output.finished, output.error = True, message
+            outputs.append(output)
         return outputs
 
     # speculative decoding
@@ -313,8 +385,14 @@ class LLMEngine:
         idx = [i for i, n in enumerate(out.num_lookahead) if n > 0]
         if not idx:
             return False
-        proposal = self.proposer.propose([out.requests[i] for i in idx],
-                                         [out.num_lookahead[i] for i in idx]).result()
+        reqs = [out.requests[i] for i in idx]
+        try:
+            proposal = self.proposer.propose(reqs, [out.num_lookahead[i] for i in idx]).result()
+            self._check_proposal(proposal, len(idx))
+        except Exception:  # noqa: BLE001 - the step goes on without speculation
+            logger.exception("the proposer failed; this step runs without speculation")
+            self._free_proposer_state(reqs)
+            return False
         for i, drafts, probs in zip(idx, proposal.draft_token_ids, proposal.draft_probs):
             drafts = drafts[:out.num_lookahead[i]]
             out.draft_token_ids[i] = drafts
@@ -325,13 +403,46 @@ class LLMEngine:
         self.spec_metrics.num_propose_calls += 1
         return any(out.draft_token_ids[i] for i in idx)
 
+    def _check_proposal(self, proposal: Any, num_requests: int) -> None:
+        vocab = self.config.hf_config.vocab_size
+        if (len(proposal.draft_token_ids) != num_requests
+                or len(proposal.draft_probs) != num_requests):
+            raise ValueError(f"the proposal has {len(proposal.draft_token_ids)} entries for "
+                             f"{num_requests} requests")
+        for drafts in proposal.draft_token_ids:
+            if any(not isinstance(t, int) or not 0 <= t < vocab for t in drafts):
+                raise ValueError(f"the proposal holds token ids outside [0, {vocab}): {drafts}")
+
+    def _propose_ahead(self) -> None:
+        """The proposer drafting ahead during the verification; if it fails, the drafters of
+        the running requests start over (the verification itself is unaffected)."""
+        try:
+            self.proposer.propose_ahead()
+        except Exception:  # noqa: BLE001 - speculation is an optimisation
+            logger.exception("the proposer failed drafting ahead; its state is reset")
+            self._free_proposer_state(self.scheduler.running)
+
+    def _free_proposer_state(self, reqs: list[Request]) -> None:
+        """Makes the proposer forget reqs: it resyncs them from their tokens when next asked."""
+        if self.proposer is None:
+            return
+        for req in reqs:
+            try:
+                self.proposer.free(req.req_id)
+            except Exception:  # noqa: BLE001 - nothing more can be done for it
+                logger.exception("the proposer failed to free %s", req.req_id)
+
     def _accept_drafts(self, out: SchedulerOutput, result: RunnerOutput,
                        elapsed: float) -> None:
         self.spec_metrics.verify_time_s += elapsed
         self.spec_metrics.num_verify_forwards += 1
         for req, drafts, new_ids in zip(out.requests, out.draft_token_ids, result.sampled):
             if drafts and new_ids:
-                self.proposer.accept(req, len(new_ids) - 1)
+                try:
+                    self.proposer.accept(req, len(new_ids) - 1)
+                except Exception:  # noqa: BLE001 - the drafter resyncs this request
+                    logger.exception("the proposer failed accepting drafts of %s", req.req_id)
+                    self._free_proposer_state([req])
         self._maybe_log_spec_metrics()
 
     def _record_spec_step(self, req: Request, num_drafts: int, new_ids: list[int],
@@ -387,18 +498,35 @@ class LLMEngine:
                    lt.selected_token_ranks.tolist(), nums)
         return [self._logprob_entry(ids, lps, rank, num) for ids, lps, rank, num in rows]
 
-    def _record_logprobs(self, reqs: list[Request], result: RunnerOutput) -> None:
+    def _record_logprobs(self, reqs: list[Request], result: RunnerOutput,
+                         failed: dict[str, str]) -> None:
+        """Prompt and sample logprobs of the step; a request whose formatting fails is added
+        to failed."""
         for i, lt in result.prompt_logprobs.items():
             req = reqs[i]
             num = req.sampling_params.prompt_logprobs
-            req.prompt_logprobs = [None] + self._logprob_entries(lt, [num] * len(lt.logprobs))
+            try:
+                req.prompt_logprobs = [None] + self._logprob_entries(lt,
+                                                                     [num] * len(lt.logprobs))
+            except Exception as e:  # noqa: BLE001 - this request alone fails
+                logger.exception("request %s failed", req.group_id)
+                failed.setdefault(req.group_id, f"{type(e).__name__}: {e}")
         so = result.sampler_output
         if so is None or so.logprobs is None:
             return
-        nums = [reqs[i].sampling_params.logprobs or 0 for i in result.sampling_requests]
-        for i, entry in zip(result.sampling_requests, self._logprob_entries(so.logprobs, nums)):
-            if reqs[i].logprobs is not None:
-                reqs[i].logprobs.append(entry)
+        lt = so.logprobs
+        rows = zip(result.sampling_requests, lt.logprob_token_ids.tolist(), lt.logprobs.tolist(),
+                   lt.selected_token_ranks.tolist())
+        for i, ids, lps, rank in rows:
+            req = reqs[i]
+            if req.logprobs is None or req.group_id in failed:
+                continue
+            try:
+                req.logprobs.append(self._logprob_entry(ids, lps, rank,
+                                                        req.sampling_params.logprobs))
+            except Exception as e:  # noqa: BLE001 - this request alone fails
+                logger.exception("request %s failed", req.group_id)
+                failed.setdefault(req.group_id, f"{type(e).__name__}: {e}")
 
     def _make_output(self, group: _RequestGroup) -> RequestOutput:
         outputs = []
@@ -424,4 +552,4 @@ class LLMEngine:
             request_id=group.request_id, prompt=group.prompt,
             prompt_token_ids=group.prompt_token_ids, prompt_logprobs=first.prompt_logprobs,
             outputs=outputs, finished=all(c.is_finished for c in group.children),
-            metrics=metrics)
+            metrics=metrics, error=next((c.error for c in group.children if c.error), None))

@@ -174,6 +174,9 @@ class SamplerOutput:
     """One step's result: a token per row, and logprobs when some row asked for them."""
     sampled_token_ids: Optional[torch.Tensor] = None  # [num_seqs] int64
     logprobs: Optional[LogprobsTensors] = None  # num_top = the batch's max_num_logprobs
+    # [num_seqs] bool: rows whose logits or probabilities were not finite (NaN, +inf, nothing
+    # sampleable); their token is 0 and meaningless, and the caller fails their requests
+    nonfinite_rows: Optional[torch.Tensor] = None
 
 
 def compute_prompt_logprobs(logits: torch.Tensor, target_ids: torch.Tensor,
@@ -204,17 +207,23 @@ class Sampler(nn.Module):
         _check_shape(logits, batch)
         raw = logits.float()  # [num_seqs, vocab_size]
         penalised = Sampler.apply_penalties(raw, batch)
+        bad = nonfinite_logit_rows(penalised)  # [num_seqs] bool
         if batch.all_greedy:
             sampled = penalised.argmax(dim=-1)
         else:
             probs = Sampler._probs_from_penalised(penalised, batch)
             sampled = Sampler.sample_from_probs(probs, batch)
+            random_bad = nonfinite_prob_rows(probs)
             if not batch.all_random:
                 sampled = torch.where(batch.is_greedy, penalised.argmax(dim=-1), sampled)
+                random_bad &= ~batch.is_greedy
+            bad |= random_bad
+        # a bad row's argmax may point at a NaN anywhere: keep its token in the vocabulary
+        sampled = sampled.masked_fill(bad, 0)
         logprobs = None
         if batch.max_num_logprobs is not None:
             logprobs = compute_prompt_logprobs(raw, sampled, batch.max_num_logprobs)
-        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs, nonfinite_rows=bad)
 
     @staticmethod
     def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -315,6 +324,17 @@ def _top_k_top_p_cutoff(probs: torch.Tensor, batch: SamplingBatch,
     num_needed = needed.sum(dim=-1, keepdim=True).clamp(min=1)
     num_needed = torch.where(top_p >= 1.0, num_kept, torch.minimum(num_needed, num_kept))
     return sorted_probs.gather(-1, num_needed - 1)
+
+
+def nonfinite_logit_rows(logits: torch.Tensor) -> torch.Tensor:
+    """[num_rows] bool: rows holding a NaN or +inf, or with every token at -inf (an argmax over
+    them means nothing). -inf alone is fine: bans and filters put it there."""
+    return (logits.isnan() | logits.isposinf()).any(dim=-1) | logits.isneginf().all(dim=-1)
+
+
+def nonfinite_prob_rows(probs: torch.Tensor) -> torch.Tensor:
+    """[num_rows] bool: probability rows holding a NaN or inf, or without any mass."""
+    return ~torch.isfinite(probs).all(dim=-1) | ~(probs.sum(dim=-1) > 0)
 
 
 def _check_shape(logits: torch.Tensor, batch: SamplingBatch) -> None:

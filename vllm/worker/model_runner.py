@@ -15,10 +15,13 @@ from vllm.core.scheduler import SchedulerOutput
 from vllm.forward_context import AttentionMetadata, set_forward_context
 from vllm.model_executor.model_loader.loader import get_model
 from vllm.model_executor.sampler import (LogprobsTensors, Sampler, SamplerOutput, SamplingBatch,
-                                         compute_prompt_logprobs)
+                                         compute_prompt_logprobs, nonfinite_logit_rows)
 from vllm.spec_decode.rejection_sampler import RejectionSampler
 from vllm.worker import kv_cache
 from vllm.worker.cuda_graph import CudaGraphRunner
+
+NONFINITE_MESSAGE = ("sampling failed: the logits or probabilities of this request were not "
+                     "finite (NaN or inf), e.g. from extreme sampling parameters")
 
 
 @dataclass
@@ -40,6 +43,9 @@ class RunnerOutput:
     prompt_logprobs: dict[int, LogprobsTensors]  # request index -> its prompt's logprobs
     # speculative steps: request index -> one row per emitted token (requests asking for logprobs)
     token_logprobs: dict[int, LogprobsTensors] = field(default_factory=dict)
+    # request index -> why its sampling failed (non-finite logits or probabilities); such a
+    # request's entry in sampled is None and the engine finishes it with that error
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -160,15 +166,22 @@ class ModelRunner:
         sampled: list[Optional[list[int]]] = [None] * len(out.requests)
         sampler_output = None
         token_logprobs: dict[int, LogprobsTensors] = {}
+        failed: dict[int, str] = {}
         if inp.sampling_requests:
             logits = self.model.compute_logits(hidden[inp.logits_indices])  # [num_rows, V]
             if verify is not None:
+                bad_rows = nonfinite_logit_rows(logits)  # [num_rows]
                 finish = self.rejection_sampler.verify_async(logits, *verify)
                 if before_sync is not None:
                     before_sync()
                 results = finish()
-                for i, new_ids in zip(inp.sampling_requests, results):
-                    sampled[i] = new_ids
+                bad, row = bad_rows.tolist(), 0
+                for i, draft, new_ids in zip(inp.sampling_requests, drafts, results):
+                    if any(bad[row:row + len(draft) + 1]):
+                        failed[i] = NONFINITE_MESSAGE
+                    else:
+                        sampled[i] = new_ids
+                    row += len(draft) + 1
                 token_logprobs = self._verified_logprobs(out, inp.sampling_requests, drafts,
                                                          logits, results)
             else:
@@ -176,10 +189,14 @@ class ModelRunner:
                 batch = self.build_sampling_batch(reqs)
                 sampler_output = self.sampler.sample(logits, batch)
                 token_ids = sampler_output.sampled_token_ids.tolist()
-                for i, token_id in zip(inp.sampling_requests, token_ids):
-                    sampled[i] = [token_id]
+                bad = sampler_output.nonfinite_rows.tolist()
+                for i, token_id, is_bad in zip(inp.sampling_requests, token_ids, bad):
+                    if is_bad:
+                        failed[i] = NONFINITE_MESSAGE
+                    else:
+                        sampled[i] = [token_id]
         return RunnerOutput(sampled, sampler_output, inp.sampling_requests, prompt_logprobs,
-                            token_logprobs)
+                            token_logprobs, failed)
 
     def _prepare_verify(self, out: SchedulerOutput, indices: list[int],
                         drafts: list[list[int]]) -> tuple:

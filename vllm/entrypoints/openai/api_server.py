@@ -5,9 +5,12 @@ or `vllm serve M`.
     GET  /v1/models, /health, /version, /metrics
     POST /tokenize, /detokenize
 
-Errors use OpenAI's body {"error": {"message", "type", "param", "code"}}: 400 for a bad request
+Every error, the framework's own included (an unparsable body, an unknown path, a wrong method),
+uses OpenAI's body {"error": {"message", "type", "param", "code"}}: 400 for a bad request
 (validation, sampling parameters, prompt too long), 401 without the --api-key bearer token on
-/v1/*, 404 for an unknown model name, 503 while too many requests wait, 500 if the engine died.
+/v1/*, 404 for an unknown model name or path, 405 for a wrong method, 413 for a body over
+--max-request-body-bytes, 503 (with Retry-After) while too many requests wait, 500 naming the
+request id when the engine failed a request, or for every request if the engine died.
 """
 import argparse
 import os
@@ -19,11 +22,13 @@ from typing import Any, Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import vllm
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_llm_engine import AsyncLLMEngine
-from vllm.engine.engine_client import EngineClient, EngineDeadError, EngineOverloadedError
+from vllm.engine.engine_client import (EngineClient, EngineDeadError, EngineOverloadedError,
+                                       RequestFailedError)
 from vllm.entrypoints.openai.metrics import ServerMetrics
 from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                               DetokenizeRequest, ModelCard, ModelList,
@@ -34,12 +39,67 @@ from vllm.logger import init_logger
 logger = init_logger(__name__)
 
 UVICORN_LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
-# SIGTERM: streams still open after this long are cut, then the engine stops
-GRACEFUL_SHUTDOWN_S = 5
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+# seconds a 503 tells the client to wait before retrying
+RETRY_AFTER_S = 1
+# on SIGTERM, seconds open requests get to finish before they are cancelled
+GRACEFUL_SHUTDOWN_S = 3
+
+# OpenAI's error type for the framework's HTTP errors
+_HTTP_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+                     405: "MethodNotAllowedError", 413: "RequestTooLargeError",
+                     422: "BadRequestError"}
 
 
-def _error(status: int, message: str, err_type: str) -> JSONResponse:
-    return JSONResponse(error_body(status, message, err_type), status_code=status)
+def _error(status: int, message: str, err_type: str,
+           headers: Optional[dict] = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, err_type), status_code=status,
+                        headers=headers)
+
+
+class BodyLimitMiddleware:
+    """Plain ASGI: a request body over max_bytes gets 413 before anything parses it. By its
+    Content-Length; a body without one (chunked) is read here first, up to the limit."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = _error(413, f"the request body is over {self.max_bytes} bytes "
+                           "(--max-request-body-bytes)", "RequestTooLargeError")
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            if length.isdigit() and int(length) > self.max_bytes:
+                await too_large(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # disconnected
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_bytes:
+                await too_large(scope, receive, send)
+                return
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -88,11 +148,13 @@ def _model_name(args: argparse.Namespace) -> str:
 def build_app(engine: EngineClient, args: argparse.Namespace) -> FastAPI:
     model_name = _model_name(args)
     api_key = getattr(args, "api_key", None)
+    max_model_len = engine.max_model_len
     serving = OpenAIServing(engine, model_name,
-                            load_chat_template(getattr(args, "chat_template", None)))
+                            load_chat_template(getattr(args, "chat_template", None)),
+                            max_model_len,
+                            bool(getattr(args, "trust_request_chat_template", False)))
     metrics = ServerMetrics(engine, model_name)
     tokenizer = engine.get_tokenizer()
-    max_model_len = engine.max_model_len
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -104,6 +166,16 @@ def build_app(engine: EngineClient, args: argparse.Namespace) -> FastAPI:
 
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(BodyLimitMiddleware,
+                       max_bytes=getattr(args, "max_request_body_bytes", None)
+                       or DEFAULT_MAX_BODY_BYTES)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException):
+        status = exc.status_code
+        err_type = _HTTP_ERROR_TYPES.get(status, "InternalServerError" if status >= 500
+                                         else "BadRequestError")
+        return _error(status, str(exc.detail), err_type, getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, exc: RequestValidationError):
@@ -115,7 +187,12 @@ def build_app(engine: EngineClient, args: argparse.Namespace) -> FastAPI:
 
     @app.exception_handler(EngineOverloadedError)
     async def on_overload(_: Request, exc: EngineOverloadedError):
-        return _error(503, str(exc), "ServiceUnavailableError")
+        return _error(503, str(exc), "ServiceUnavailableError",
+                      {"Retry-After": str(RETRY_AFTER_S)})
+
+    @app.exception_handler(RequestFailedError)
+    async def on_request_failed(_: Request, exc: RequestFailedError):
+        return _error(500, str(exc), "InternalServerError")
 
     @app.exception_handler(EngineDeadError)
     async def on_dead(_: Request, exc: EngineDeadError):
@@ -168,10 +245,11 @@ def build_app(engine: EngineClient, args: argparse.Namespace) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise ValueError("give exactly one of prompt and messages")
         if body.messages is not None:
-            ids = serving.chat_prompt_ids([{"role": m.role, "content": m.text()}
-                                           for m in body.messages], body.add_generation_prompt)
+            ids = await serving.off_loop(serving.chat_prompt_ids,
+                                         [{"role": m.role, "content": m.text()}
+                                          for m in body.messages], body.add_generation_prompt)
         else:
-            ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            ids = await serving.off_loop(serving.encode, body.prompt, body.add_special_tokens)
         return {"count": len(ids), "max_model_len": max_model_len, "tokens": list(ids)}
 
     @app.post("/detokenize")
@@ -182,7 +260,7 @@ def build_app(engine: EngineClient, args: argparse.Namespace) -> FastAPI:
         if bad:
             raise ValueError(f"tokens: ids outside the vocabulary [0, {len(tokenizer)}): "
                              f"{bad[:5]}")
-        return {"prompt": tokenizer.decode(body.tokens)}
+        return {"prompt": await serving.off_loop(tokenizer.decode, body.tokens)}
 
     return app
 
@@ -196,6 +274,11 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "$VLLM_API_KEY)")
     parser.add_argument("--chat-template", default=None,
                         help="chat template file (or inline Jinja); default: the tokenizer's")
+    parser.add_argument("--trust-request-chat-template", action="store_true",
+                        help="let requests bring their own chat_template (Jinja runs on the "
+                        "server); off by default")
+    parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="larger request bodies get 413 (ours; default: 16 MiB)")
     parser.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS)
     parser.add_argument("--max-waiting-requests", type=int, default=None,
                         help="requests that may wait for a slot before new ones get 503 "

@@ -9,6 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from vllm.sampling_params import SamplingParams
 
 
+# most choices one request may ask for (n): each is a sequence of its own in the engine
+MAX_N = 128
+
+
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -83,6 +87,8 @@ class SamplingFields(OpenAIModel):
         return kwargs
 
     def check_unsupported(self) -> None:
+        if self.n > MAX_N:
+            raise ValueError(f"n must be <= {MAX_N}, got {self.n}")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
 
@@ -147,8 +153,9 @@ class ChatCompletionRequest(SamplingFields):
         if self.top_logprobs is not None:
             if not self.logprobs:
                 raise ValueError("top_logprobs needs logprobs=true")
-            if not 0 <= self.top_logprobs <= 20:
-                raise ValueError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+            # the upper bound is the server's --max-logprobs, checked by the engine
+            if self.top_logprobs < 0:
+                raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs}")
         kwargs = self._sampling_kwargs(None)
         if self.max_completion_tokens is not None:
             kwargs["max_tokens"] = self.max_completion_tokens

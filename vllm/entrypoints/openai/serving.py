@@ -5,6 +5,7 @@ A completion request with several prompts becomes one engine request per prompt;
 prompt p has index p * n + i. A streamed choice's text is held back while it ends in the start
 of a stop string (the engine cuts a matched stop string out of text already produced)."""
 import asyncio
+import concurrent.futures
 import json
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -103,20 +104,63 @@ async def _abort_on_disconnect(raw: Request, engine: EngineClient,
         engine.abort(rid)
 
 
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters one token's text can have (its vocabulary string, byte-level or
+    SentencePiece, is at least as long as the text it decodes to)."""
+    return max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
+
+
 class OpenAIServing:
+    """Tokenizing and chat template rendering run on one worker thread, not on the event loop
+    (a long prompt or a slow template would freeze every endpoint)."""
 
     def __init__(self, engine: EngineClient, model_name: str,
-                 chat_template: Optional[str]) -> None:
+                 chat_template: Optional[str], max_model_len: int = 0,
+                 trust_request_chat_template: bool = False) -> None:
         self.engine = engine
         self.model_name = model_name
         self.chat_template = chat_template
         self.tokenizer = engine.get_tokenizer()
+        self.max_model_len = max_model_len
+        self.trust_request_chat_template = trust_request_chat_template
+        # a text longer than this cannot fit in max_model_len tokens: rejected untokenized
+        self.max_prompt_chars = max_model_len * longest_token_chars(self.tokenizer)
+        self._tokenize_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="tokenize")
 
     # requests -> engine
+
+    async def off_loop(self, fn: Any, *args: Any) -> Any:
+        """fn(*args) on the tokenizing thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn, *args)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The prompt's token ids; ValueError for a text too long to fit or one the tokenizer
+        rejects (whatever it raises)."""
+        if self.max_prompt_chars and len(text) > self.max_prompt_chars:
+            raise ValueError(f"prompt: {len(text)} characters cannot fit in max_model_len="
+                             f"{self.max_model_len} tokens")
+        try:
+            return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - pyo3's PanicException is a BaseException
+            raise ValueError(f"prompt: the tokenizer rejected it: {type(e).__name__}: {e}") from e
+
+    def check_length(self, num_prompt_tokens: int, max_tokens: Optional[int]) -> None:
+        """400 when prompt + max_tokens exceeds max_model_len (rather than cutting it short)."""
+        if max_tokens is not None and num_prompt_tokens + max_tokens > self.max_model_len > 0:
+            raise ValueError(
+                f"max_model_len is {self.max_model_len} tokens, but the request asks for "
+                f"{num_prompt_tokens + max_tokens} ({num_prompt_tokens} in the prompt, "
+                f"max_tokens={max_tokens} to generate); shorten the prompt or max_tokens")
 
     def chat_prompt_ids(self, messages: list[dict], add_generation_prompt: bool = True,
                         chat_template: Optional[str] = None) -> list[int]:
         """Token ids of the conversation under the chat template; ValueError if none or bad."""
+        if chat_template is not None and not self.trust_request_chat_template:
+            raise ValueError("chat_template: a per-request chat template needs the server to "
+                             "run with --trust-request-chat-template")
         template = chat_template or self.chat_template
         if template is None and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("the model's tokenizer has no chat template; start the server "
@@ -147,15 +191,21 @@ class OpenAIServing:
 
     async def completions(self, req: CompletionRequest, raw: Request) -> Any:
         params = req.to_sampling_params()
-        prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in req.prompts()]
+        prompts: list[PromptInput] = []
+        for p in req.prompts():
+            ids = await self.off_loop(self.encode, p) if isinstance(p, str) else p
+            self.check_length(len(ids), params.max_tokens)
+            prompts.append({"prompt": p, "prompt_token_ids": ids} if isinstance(p, str)
+                           else {"prompt_token_ids": ids})
         request_id = random_id("cmpl")
         return await self._serve(raw, request_id, prompts, params, req.stream,
                                  _CompletionFormatter(self, req, request_id, len(prompts)))
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Any:
         params = req.to_sampling_params()
-        ids = self.chat_prompt_ids(req.conversation(), req.add_generation_prompt,
-                                   req.chat_template)
+        ids = await self.off_loop(self.chat_prompt_ids, req.conversation(),
+                                  req.add_generation_prompt, req.chat_template)
+        self.check_length(len(ids), params.max_tokens)
         request_id = random_id("chatcmpl")
         return await self._serve(raw, request_id, [{"prompt_token_ids": ids}], params,
                                  req.stream, _ChatFormatter(self, req, request_id))
