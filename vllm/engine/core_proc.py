@@ -12,12 +12,14 @@ The loop blocks on the input socket only while the engine has nothing to run; ot
 what has arrived and steps. A step that raises (an engine bug) fails the requests it held and the
 core goes on; if even that fails, the process exits non-zero and the client's supervisor notices.
 SIGTERM (or the parent's death) stops the engine and its draft process; SIGINT is the parent's."""
+import os
 import pickle
 import signal
 import sys
 import traceback
 from typing import Any
 
+import torch
 import zmq
 
 from vllm.engine.arg_utils import EngineArgs
@@ -87,6 +89,16 @@ class EngineCore:
         self._send(("outputs", outputs, self.engine.stats()))
 
 
+def _pin_beside_gpu(engine: LLMEngine) -> None:
+    """With the target on a GPU the core only launches work: it keeps the first two cores (the
+    draft process, if any, has the others) and one torch thread, so neither spins on the
+    drafter's cores."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if engine.config.device.type == "cuda" and len(cpus) >= 4:
+        os.sched_setaffinity(0, cpus[:2])
+        torch.set_num_threads(1)
+
+
 def _core_main() -> None:
     die_with_parent(signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
@@ -103,6 +115,7 @@ def _core_main() -> None:
         conn.send((kind, f"{type(e).__name__}: {e}" if kind == "error" else str(e),
                    traceback.format_exc()))
         return
+    _pin_beside_gpu(engine)
     ctx = zmq.Context()
     try:
         core = EngineCore(engine, ctx, input_addr, output_addr)
