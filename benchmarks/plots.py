@@ -225,7 +225,9 @@ def plot_serving(results: list[dict], path: str) -> str:
     ax_rate.set_ylabel("output tokens/s (all requests)")
     ax_tpot.set_ylabel("TPOT (ms per output token after the first)")
     args = next((r.get("args", {}) for r in results), {})
-    what = (f"Serving: input {args.get('input_len', '?')}, output {args.get('output_len', '?')} "
+    prompts = ("HumanEval prompts" if args.get("dataset") == "humaneval"
+               else f"input {args.get('input_len', '?')}")
+    what = (f"Serving: {prompts}, output {args.get('output_len', '?')} "
             f"tokens, temperature {args.get('temperature', '?')}")
     return save(fig, title_of(what, results), path, shared_legend(fig, (ax_rate, ax_tpot)))
 

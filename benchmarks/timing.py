@@ -2,6 +2,7 @@
 events on CUDA), the memory bandwidth measured in the same run, and the run's provenance."""
 import json
 import statistics
+import os
 import subprocess
 import sys
 import time
@@ -68,9 +69,18 @@ def source_fingerprint() -> str:
 
 
 def provenance() -> dict[str, str]:
+    """The command, the commit, a fingerprint of the source, torch and the device. A copied
+    tree (the GPU machine's) can carry a stale git HEAD: a `.source_commit` file at the root,
+    written beside the copy (`git rev-parse --short HEAD > .source_commit`), wins."""
+    marker = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          ".source_commit")
     try:
-        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
-                                         text=True, stderr=subprocess.DEVNULL).strip()
+        if os.path.exists(marker):
+            with open(marker) as f:
+                commit = f.read().strip()
+        else:
+            commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
+                                             text=True, stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     info = {"command": " ".join(sys.argv), "commit": commit,

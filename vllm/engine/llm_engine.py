@@ -118,12 +118,16 @@ class LLMEngine:
 
     def _draft_ahead(self) -> bool:
         """Drafting ahead pays when it overlaps the target's forward: the draft on another
-        device (the CPU) than the target (the GPU). 'on' forces it (tests on the CPU)."""
+        device (the CPU) than the target (the GPU), in the engine's process. 'on' forces it
+        (tests on the CPU). A draft process is left to draft on demand: measured on the H200
+        (trained 7B-shape pair, k=3), drafting ahead there made each proposal wait for the
+        ahead work (draft 4.7 vs 3.0 ms per step, 1.82x vs 2.20x plain)."""
         mode = self.spec_config.speculative_draft_ahead
         draft_config = getattr(self.proposer, "config", None)
         if self.proposer is None or mode == "off" or draft_config is None:
             return False
-        return mode == "on" or draft_config.device.type != self.config.device.type
+        return mode == "on" or (draft_config.device.type != self.config.device.type
+                                and not self.proposer.runs_in_own_process)
 
     def shutdown(self) -> None:
         """Stops the processes this engine started (the draft process)."""

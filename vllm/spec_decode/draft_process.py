@@ -133,6 +133,7 @@ def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
 
 class DraftProcessProposer(Proposer):
     """The engine's side: a Proposer whose drafts come from the drafter process."""
+    runs_in_own_process = True
 
     def __init__(self, target_config: VllmConfig) -> None:
         from vllm.spec_decode.draft_worker import draft_config

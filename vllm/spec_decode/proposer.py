@@ -37,6 +37,7 @@ class ProposalHandle:
 class Proposer(ABC):
     # set by the engine: the target's forward leaves time to draft ahead (propose_ahead)
     draft_ahead: bool = False
+    runs_in_own_process: bool = False
 
     @abstractmethod
     def propose(self, requests: list[Request], max_num_drafts: list[int]) -> ProposalHandle:
