@@ -6,6 +6,7 @@ import torch
 from vllm import envs
 from vllm.config import VllmConfig
 from vllm.core.scheduler import SchedulerOutput
+from vllm.distributed.parallel_state import get_world
 from vllm.logger import init_logger
 from vllm.worker import kv_cache
 from vllm.worker.model_runner import ModelRunner, RunnerOutput
@@ -29,7 +30,8 @@ class Worker:
     def initialize_cache(self) -> int:
         """Sizes the KV cache from the memory left after weights and activations; allocates it."""
         peak = self.model_runner.profile_peak_memory()
-        num_blocks = kv_cache.num_blocks_for_memory(self.config, peak)
+        # every tensor-parallel rank holds the same blocks: the smallest count fits them all
+        num_blocks = get_world().min_int(kv_cache.num_blocks_for_memory(self.config, peak))
         self.model_runner.initialize_cache(num_blocks)
         logger.info("KV cache on %s: %d blocks of %d tokens (%.2f GB)", self.config.device,
                     num_blocks, self.config.cache_config.block_size,
