@@ -1,4 +1,5 @@
 """Worker: one device's share of the engine: its model runner, its KV cache, its threads."""
+import os
 from typing import Callable, Optional
 
 import torch
@@ -18,8 +19,11 @@ class Worker:
 
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
+        tp = config.parallel_config.tensor_parallel_size
         if config.device.type == "cpu" and envs.VLLM_CPU_NUM_THREADS > 0:
             torch.set_num_threads(envs.VLLM_CPU_NUM_THREADS)
+        elif config.device.type == "cpu" and tp > 1:  # the ranks share this host's cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))
         if config.device.type == "cuda":
             torch.cuda.set_device(config.device)
         self.model_runner = ModelRunner(config)
