@@ -1,5 +1,5 @@
-"""Tensor parallelism on one host: one process per rank beyond the driver (rank r on GPU r, or a
-CPU process), meeting the driver at a free local port. Ranks start as fresh interpreters
+"""Tensor parallelism on one host: one process per rank beyond the driver (each on a GPU of its
+own, or a CPU process), meeting the driver at a free local port. Ranks start as fresh interpreters
 (`python -m vllm.executor.multiproc_executor`, their arguments pickled on stdin), so the
 caller's script is never re-imported and needs no `if __name__ == "__main__"` guard."""
 import os
@@ -7,6 +7,8 @@ import pickle
 import subprocess
 import sys
 import weakref
+
+import torch
 
 import vllm
 from vllm.distributed.parallel_state import destroy_distributed, get_open_port
@@ -43,13 +45,21 @@ class MultiprocExecutor(DistributedExecutor):
         self.procs = []
         # ends the processes too when the executor is dropped without shutdown()
         self._finalizer = weakref.finalize(self, _release, self.procs)
-        for rank in range(1, self.size):
+        for rank, device_index in zip(range(1, self.size), self._other_gpus()):
             p = subprocess.Popen([sys.executable, "-m", "vllm.executor.multiproc_executor"],
                                  stdin=subprocess.PIPE, env=env)
             self.procs.append(p)
-            p.stdin.write(pickle.dumps((self.config, rank, init_method, self.backend, rank)))
+            p.stdin.write(pickle.dumps((self.config, rank, init_method, self.backend,
+                                        device_index)))
             p.stdin.close()
         return init_method
+
+    def _other_gpus(self) -> list[int]:
+        """The GPUs of ranks 1.. in order, all but the driver's (none used on the CPU)."""
+        if self.config.device.type != "cuda":
+            return list(range(1, self.size))
+        count = torch.cuda.device_count()
+        return [i for i in range(count) if i != self.config.device.index][:self.size - 1]
 
     def _check_ranks(self) -> None:
         dead = [(rank, p.returncode) for rank, p in enumerate(self.procs, 1)
