@@ -2,7 +2,7 @@
 # On the lent GPU machine (its own python3 with a CUDA torch, no internet): build vllm._C with CPU
 # and CUDA kernels against that torch, run the kernel, sampler and engine tests (the `cuda`-marked
 # ones included: dispatch shown in one process), then the benchmarks.
-#   bash scripts/gpu_check.sh [all|test|bench|spec|draft|pair|tp, or a comma list: test,spec] [OUT_DIR]
+#   bash scripts/gpu_check.sh [all|test|bench|spec|draft|pair|tp, or a comma list: test,tp] [OUT_DIR]
 #   (tp: TP_SIZE GPUs, default 2: tensor-parallel greedy equality and latency; skipped with fewer)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too)
