@@ -2,7 +2,8 @@
 # On the lent GPU machine (its own python3 with a CUDA torch, no internet): build vllm._C with CPU
 # and CUDA kernels against that torch, run the kernel, sampler and engine tests (the `cuda`-marked
 # ones included: dispatch shown in one process), then the benchmarks.
-#   bash scripts/gpu_check.sh [all|test|bench|spec|draft|pair, or a comma list: test,spec] [OUT_DIR]
+#   bash scripts/gpu_check.sh [all|test|bench|spec|draft|pair|tp, or a comma list: test,tp] [OUT_DIR]
+#   (tp: TP_SIZE GPUs, default 2: tensor-parallel greedy equality and latency; skipped with fewer)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too, PAIR_SHAPE=llama-2-13b for another target shape;
 #   serve: the pair served plain and with its CPU draft, engine core in its own process and on
@@ -108,6 +109,29 @@ if want spec; then
         | grep -v "it/s\]" | tail -5
     done
   done
+fi
+if want tp; then
+  N="${TP_SIZE:-2}"
+  export NCCL_NVLS_ENABLE=0
+  if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -lt "$N" ]; then
+    echo "== tensor parallel: skipped, needs $N GPUs (TP_SIZE)"
+  else
+    echo "== tensor parallel ($N GPUs, NCCL): greedy tp=$N equals tp=1, plain and with a CPU draft"
+    VLLM_TEST_TP_SIZE=$N "$PY" -m pytest tests/distributed -q -rs -p no:cacheprovider \
+      > "$OUT_DIR/tests_tp.log" 2>&1 || status=1
+    tail -3 "$OUT_DIR/tests_tp.log"
+    echo "== decode latency: Llama-2-7B shape, dummy weights, bf16, tp=1 vs tp=$N"
+    "$PY" -m benchmarks.model_shapes llama-2-7b /tmp/llama-2-7b > /dev/null 2>&1
+    for tp in 1 "$N"; do
+      for bs in 1 32; do
+        echo "-- tp $tp, batch $bs"
+        "$PY" benchmarks/benchmark_latency.py --model /tmp/llama-2-7b --load-format dummy \
+          --dtype bfloat16 --tensor-parallel-size "$tp" --batch-size $bs --input-len 128 \
+          --output-len 64 --num-iters 3 --max-model-len 1024 --max-num-seqs 32 \
+          --output-json "$OUT_DIR/latency_7b_tp${tp}_b$bs.json" 2>&1 | grep -v "it/s\]" | tail -4
+      done
+    done
+  fi
 fi
 if want draft; then
   echo "== the CPU draft's forward on this host: dtypes x threads (the trained draft's shape)"

@@ -57,8 +57,12 @@ class DeviceConfig:
 
 @dataclass
 class ParallelConfig:
-    tensor_parallel_size: int = doc(1, "GPUs per model (only 1 is supported yet)")
+    tensor_parallel_size: int = doc(1, "ranks (GPUs, or CPU processes) the target model is "
+                                    "split over by heads and features")
     pipeline_parallel_size: int = doc(1, "pipeline stages (only 1 is supported)")
+    distributed_executor_backend: Optional[str] = doc(
+        None, "how ranks beyond the driver run: mp (one process per rank on this host, the "
+        "default) or ray (a Ray cluster, across hosts)")
 
 
 @dataclass
@@ -204,9 +208,13 @@ class VllmConfig:
                     raise ValueError(f"{f.name}={value!r} is invalid; choose one of {choices}")
         if mc.model is None:
             raise ValueError("model is required: a HF checkpoint directory or a .gguf file")
-        if self.parallel_config.tensor_parallel_size != 1:
-            raise ValueError(f"tensor_parallel_size={self.parallel_config.tensor_parallel_size} "
-                             "is not supported yet; use 1")
+        pc = self.parallel_config
+        if not isinstance(pc.tensor_parallel_size, int) or pc.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got "
+                             f"{pc.tensor_parallel_size!r}")
+        if pc.distributed_executor_backend not in (None, "mp", "ray"):
+            raise ValueError(f"distributed_executor_backend={pc.distributed_executor_backend!r} "
+                             "is invalid; choose mp or ray")
         if self.parallel_config.pipeline_parallel_size != 1:
             raise ValueError("pipeline_parallel_size must be 1")
         if sc.max_num_seqs < 1:
@@ -235,12 +243,37 @@ class VllmConfig:
         elif mc.max_model_len > limit:
             raise ValueError(f"max_model_len={mc.max_model_len} exceeds the model's "
                              f"max_position_embeddings={limit}")
+        self._check_tensor_parallel()
         sc = self.scheduler_config
         if sc.max_num_batched_tokens is None:
             sc.max_num_batched_tokens = max(2048, sc.max_num_seqs)
         if sc.max_num_batched_tokens < sc.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({sc.max_num_batched_tokens}) must be >= "
                              f"max_num_seqs ({sc.max_num_seqs})")
+
+
+    def _check_tensor_parallel(self) -> None:
+        """The split must be possible: heads (and the MLP) divisible by the ranks, KV heads
+        divisible or dividing, and on one host no more GPU ranks than GPUs."""
+        tp = self.parallel_config.tensor_parallel_size
+        if tp == 1:
+            return
+        hf = self.hf_config
+        num_heads = hf.num_attention_heads
+        num_kv_heads = getattr(hf, "num_key_value_heads", None) or num_heads
+        if num_heads % tp:
+            raise ValueError(f"tensor_parallel_size={tp} does not divide the model's "
+                             f"num_attention_heads={num_heads}")
+        if num_kv_heads % tp and tp % num_kv_heads:
+            raise ValueError(f"tensor_parallel_size={tp} and the model's num_key_value_heads="
+                             f"{num_kv_heads}: one must divide the other")
+        if hf.intermediate_size % tp:
+            raise ValueError(f"tensor_parallel_size={tp} does not divide the model's "
+                             f"intermediate_size={hf.intermediate_size}")
+        if (self.device.type == "cuda" and self.parallel_config.distributed_executor_backend
+                != "ray" and tp > torch.cuda.device_count()):
+            raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs; this host has "
+                             f"{torch.cuda.device_count()} (use the ray backend across hosts)")
 
 
 def _attr_name(cls: type) -> str:

@@ -8,7 +8,7 @@ from vllm.config import CONFIG_CLASSES, VllmConfig, _attr_name
 
 # flags accepted for compatibility with vLLM that change nothing here
 IGNORED_FLAGS = {"use_v2_block_manager", "disable_log_stats", "disable_log_requests",
-                 "worker_use_ray", "distributed_executor_backend", "enable_prefix_caching",
+                 "worker_use_ray", "enable_prefix_caching",
                  "disable_custom_all_reduce", "max_seq_len_to_capture", "quantization",
                  "kv_cache_dtype", "enable_chunked_prefill", "download_dir", "revision",
                  "tokenizer_mode", "skip_tokenizer_init"}

@@ -9,10 +9,11 @@ What a request passes through, who owns it, and where it lives:
   step()
     1. Scheduler.schedule()                -> SchedulerOutput (CPU): which requests run, how
                                            many tokens each; BlockManager hands out KV blocks
-    2. Worker.execute_model()              ModelRunner builds the batch on the host, copies it
+    2. Executor.execute_model()            ModelRunner builds the batch on the host, copies it
                                            to the model's device (GPU or CPU), runs the forward
                                            over the paged KV cache (device memory), samples
-                                           (device), returns token ids (CPU)
+                                           (device), returns token ids (CPU); with tensor
+                                           parallelism on every rank's Worker, rank 0 samples
     3. Scheduler.update()                  appends tokens, advances num_computed_tokens (CPU)
     4. Detokenizer + check_stop()          text grows, stop conditions end requests; finished
                                            requests' KV blocks go back to the BlockManager
@@ -44,6 +45,7 @@ from vllm.core.scheduler import Scheduler, SchedulerOutput
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.detokenizer import Detokenizer, check_stop_strings, check_token_stop
 from vllm.engine.tokenizer import get_tokenizer
+from vllm.executor.executor_base import create_executor
 from vllm.logger import init_logger
 from vllm.model_executor.sampler import LogprobsTensors
 from vllm.model_executor.model_loader.loader import resolve_config
@@ -54,7 +56,6 @@ from vllm.spec_decode.metrics import SpecDecodeMetrics
 from vllm.spec_decode.ngram_proposer import NgramProposer
 from vllm.spec_decode.proposer import Proposer
 from vllm.worker.model_runner import RunnerOutput
-from vllm.worker.worker import Worker
 
 logger = init_logger(__name__)
 
@@ -77,9 +78,10 @@ class LLMEngine:
         mc = config.model_config
         torch.manual_seed(mc.seed)
         self.tokenizer = get_tokenizer(mc)
-        self.worker = Worker(config)
-        self.worker.load_model()
-        num_blocks = self.worker.initialize_cache()
+        self.model_executor = create_executor(config)
+        self.worker = self.model_executor.driver_worker  # rank 0's, for inspection
+        self.model_executor.load_model()
+        num_blocks = self.model_executor.initialize_cache()
         self.block_manager = BlockManager(num_blocks, config.cache_config.block_size)
         self.scheduler = Scheduler(config.scheduler_config, self.block_manager, mc.max_model_len)
         self.detokenizer = Detokenizer(self.tokenizer)
@@ -130,9 +132,10 @@ class LLMEngine:
                                 and not self.proposer.runs_in_own_process)
 
     def shutdown(self) -> None:
-        """Stops the processes this engine started (the draft process)."""
+        """Stops the processes this engine started (the draft process, tensor-parallel ranks)."""
         if self.proposer is not None:
             self.proposer.shutdown()
+        self.model_executor.shutdown()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -276,7 +279,7 @@ class LLMEngine:
         speculating = num_lookahead > 0 and self._propose(sched_out)
         start = time.perf_counter()
         ahead = self._propose_ahead if speculating and self.draft_ahead else None
-        result = self.worker.execute_model(sched_out, ahead)
+        result = self.model_executor.execute_model(sched_out, ahead)
         self.scheduler.update(sched_out, result.sampled)
         # group id -> why it failed: those groups are finished with an error below
         failed = {sched_out.requests[i].group_id: msg for i, msg in result.failed.items()}

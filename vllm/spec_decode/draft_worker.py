@@ -57,6 +57,8 @@ def draft_config(target: VllmConfig) -> VllmConfig:
     mc.model, mc.tokenizer, mc.load_format, mc.hf_overrides = (spec.speculative_model, None,
                                                                load_format, None)
     mc.enforce_eager = True
+    # one copy, on the driver, next to a target of any tensor_parallel_size
+    config.parallel_config.tensor_parallel_size = 1
     mc.max_model_len = spec.speculative_max_model_len
     if spec.cpu_draft_worker:
         config.device_config.device = "cpu"

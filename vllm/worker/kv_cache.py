@@ -9,16 +9,19 @@ from vllm import envs
 from vllm.config import VllmConfig
 
 
-def kv_shape(hf_config: Any) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_size) of a Llama-family config."""
+def kv_shape(hf_config: Any, tensor_parallel_size: int = 1) -> tuple[int, int, int]:
+    """(num_layers, num_kv_heads, head_size) of a Llama-family config; the KV heads of one rank
+    under tensor parallelism (one, replicated, when there are fewer KV heads than ranks)."""
     num_heads = hf_config.num_attention_heads
     num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
     head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
-    return hf_config.num_hidden_layers, num_kv_heads, head_size
+    return (hf_config.num_hidden_layers, max(1, num_kv_heads // tensor_parallel_size),
+            head_size)
 
 
 def block_bytes(config: VllmConfig) -> int:
-    num_layers, num_kv_heads, head_size = kv_shape(config.hf_config)
+    num_layers, num_kv_heads, head_size = kv_shape(
+        config.hf_config, config.parallel_config.tensor_parallel_size)
     elem = torch.tensor([], dtype=config.torch_dtype).element_size()
     return 2 * num_layers * num_kv_heads * config.cache_config.block_size * head_size * elem
 
@@ -47,7 +50,8 @@ def num_blocks_for_memory(config: VllmConfig, peak_activation_bytes: int = 0) ->
 
 def allocate_kv_caches(config: VllmConfig,
                        num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    num_layers, num_kv_heads, head_size = kv_shape(config.hf_config)
+    num_layers, num_kv_heads, head_size = kv_shape(
+        config.hf_config, config.parallel_config.tensor_parallel_size)
     shape = (num_blocks, num_kv_heads, config.cache_config.block_size, head_size)
     kw = dict(dtype=config.torch_dtype, device=config.device)
     return [(torch.zeros(shape, **kw), torch.zeros(shape, **kw)) for _ in range(num_layers)]

@@ -12,6 +12,7 @@ import torch
 from vllm.config import VllmConfig
 from vllm.core.request import Request
 from vllm.core.scheduler import SchedulerOutput
+from vllm.distributed.parallel_state import get_world
 from vllm.forward_context import AttentionMetadata, set_forward_context
 from vllm.model_executor.model_loader.loader import get_model
 from vllm.model_executor.sampler import (LogprobsTensors, Sampler, SamplerOutput, SamplingBatch,
@@ -59,6 +60,9 @@ class ModelRunner:
         self.sampler = Sampler()
         self.vocab_size = config.hf_config.vocab_size
         self.cuda_graphs: Optional[CudaGraphRunner] = None
+        # under tensor parallelism only the driver (rank 0) samples; the other ranks run the same
+        # forward and logits (their collectives) and return nothing
+        self.is_driver = get_world().is_driver
         spec = config.speculative_config
         self.rejection_sampler = RejectionSampler(
             spec.spec_decoding_acceptance_method,
@@ -151,11 +155,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput,
-                      before_sync: Optional[Callable[[], None]] = None) -> RunnerOutput:
+                      before_sync: Optional[Callable[[], None]] = None) -> Optional[RunnerOutput]:
         """One forward and its sampling. In a verification step, before_sync (the proposer
         drafting ahead) runs once the target's device work is queued and before its results are
-        read back: with the target on the GPU and the draft on the CPU, the two overlap."""
+        read back: with the target on the GPU and the draft on the CPU, the two overlap. Returns
+        None on the tensor-parallel ranks other than the driver."""
         inp = self.prepare_inputs(out)
+        if not self.is_driver:
+            hidden = self.run_model(inp)
+            self._prompt_logprobs(out, inp, hidden)
+            if inp.sampling_requests:
+                self.model.compute_logits(hidden[inp.logits_indices])
+            return None
         drafts = [out.draft_token_ids[i] if out.draft_token_ids else []
                   for i in inp.sampling_requests]
         # everything the verification copies to the device goes before the forward is launched,
@@ -269,6 +280,8 @@ class ModelRunner:
             start = int(sum(out.num_scheduled_tokens[:i]))
             n = req.num_prompt_tokens
             logits = self.model.compute_logits(hidden[start:start + n - 1])
+            if not self.is_driver:
+                continue
             targets = torch.tensor(req.prompt_token_ids[1:], device=self.device)
             result[i] = compute_prompt_logprobs(logits, targets, num_top)
         return result

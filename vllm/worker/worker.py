@@ -1,4 +1,5 @@
 """Worker: one device's share of the engine: its model runner, its KV cache, its threads."""
+import os
 from typing import Callable, Optional
 
 import torch
@@ -6,6 +7,7 @@ import torch
 from vllm import envs
 from vllm.config import VllmConfig
 from vllm.core.scheduler import SchedulerOutput
+from vllm.distributed.parallel_state import get_world
 from vllm.logger import init_logger
 from vllm.worker import kv_cache
 from vllm.worker.model_runner import ModelRunner, RunnerOutput
@@ -17,8 +19,11 @@ class Worker:
 
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
+        tp = config.parallel_config.tensor_parallel_size
         if config.device.type == "cpu" and envs.VLLM_CPU_NUM_THREADS > 0:
             torch.set_num_threads(envs.VLLM_CPU_NUM_THREADS)
+        elif config.device.type == "cpu" and tp > 1:  # the ranks share this host's cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))
         if config.device.type == "cuda":
             torch.cuda.set_device(config.device)
         self.model_runner = ModelRunner(config)
@@ -29,7 +34,8 @@ class Worker:
     def initialize_cache(self) -> int:
         """Sizes the KV cache from the memory left after weights and activations; allocates it."""
         peak = self.model_runner.profile_peak_memory()
-        num_blocks = kv_cache.num_blocks_for_memory(self.config, peak)
+        # every tensor-parallel rank holds the same blocks: the smallest count fits them all
+        num_blocks = get_world().min_int(kv_cache.num_blocks_for_memory(self.config, peak))
         self.model_runner.initialize_cache(num_blocks)
         logger.info("KV cache on %s: %d blocks of %d tokens (%.2f GB)", self.config.device,
                     num_blocks, self.config.cache_config.block_size,

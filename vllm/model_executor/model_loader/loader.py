@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from vllm.config import VllmConfig
+from vllm.distributed.parallel_state import building
 from vllm.logger import init_logger
 from vllm.model_executor.models.registry import resolve_model_class
 
@@ -80,7 +81,7 @@ def get_model(config: VllmConfig) -> nn.Module:
     previous = torch.get_default_dtype()
     torch.set_default_dtype(config.torch_dtype)
     try:
-        with torch.device(config.device):
+        with torch.device(config.device), building(config.parallel_config.tensor_parallel_size):
             model = model_cls(config.hf_config)
     finally:
         torch.set_default_dtype(previous)

@@ -1,16 +1,21 @@
 """The Llama family (Llama 2/3, Mistral, SmolLM2; Qwen2 adds q/k/v biases): decoder layers of
 RMSNorm -> attention (fused qkv, rotary, paged KV) -> RMSNorm -> gated MLP, residual fused into the
-norms. Weights load from HF names; q/k/v and gate/up are fused into one matmul each."""
+norms. Weights load from HF names; q/k/v and gate/up are fused into one matmul each. Under tensor
+parallelism each rank holds its heads and its share of the MLP (layers/linear.py) and of the
+vocabulary (layers/vocab_parallel_embedding.py); o_proj and down_proj sum over ranks."""
 from typing import Any, Iterable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vllm.model_executor.attention.layer import Attention
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
+                                               RowParallelLinear)
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
+                                                                 VocabParallelEmbedding)
 
 
 def rope_settings(config: Any) -> tuple[float, Optional[dict]]:
@@ -25,16 +30,17 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, config: Any, layer_idx: int, qkv_bias: bool) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = (getattr(config, "head_dim", None)
-                         or config.hidden_size // self.num_heads)
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size,
-                                bias=getattr(config, "attention_bias", False) and not qkv_bias)
+        num_heads = config.num_attention_heads
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, num_heads,
+                                          num_kv_heads, bias=qkv_bias)
+        # this rank's heads (all of them with one rank)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        self.o_proj = RowParallelLinear(num_heads * self.head_dim, config.hidden_size,
+                                        bias=getattr(config, "attention_bias", False)
+                                        and not qkv_bias)
         theta, scaling = rope_settings(config)
         self.rotary_emb = RotaryEmbedding(self.head_dim, self.head_dim,
                                           config.max_position_embeddings, theta, True,
@@ -54,8 +60,9 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        inter = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], bias)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,7 +94,7 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: Any, qkv_bias: bool) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             [LlamaDecoderLayer(config, i, qkv_bias) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -114,54 +121,56 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config, self.qkv_bias)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [num_rows, hidden_size] -> fp32 logits [num_rows, vocab_size]."""
-        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight).float()
-
-    def _shard_slices(self, fused: str, layer: nn.Module) -> list[slice]:
-        if fused == "qkv_proj":
-            attn = layer.self_attn
-            q, kv = attn.q_size, attn.kv_size
-            return [slice(0, q), slice(q, q + kv), slice(q + kv, q + 2 * kv)]
-        inter = self.config.intermediate_size
-        return [slice(0, inter), slice(inter, 2 * inter)]
+        head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
+        return head.compute_logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copies HF-named weights in; every parameter must be covered exactly once."""
+        """Copies HF-named weights in (a sharded layer's weight_loader keeps this rank's slice);
+        every parameter, and every part of a fused one, must be covered exactly once."""
         params = dict(self.named_parameters())
+        owners = {f"{m}.{p}" if m else p: module for m, module in self.named_modules()
+                  for p, _ in module.named_parameters(recurse=False)}
         loaded: set[str] = set()
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue
-            target, rows = name, None
-            for piece, (fused, shard) in self.stacked_params.items():
+            target, part = name, None
+            for piece, (fused, index) in self.stacked_params.items():
                 if f".{piece}." in name:
-                    target = name.replace(piece, fused)
-                    layer = self.model.layers[int(name.split(".")[2])]
-                    rows = self._shard_slices(fused, layer)[shard]
+                    target, part = name.replace(piece, fused), index
                     break
             if target not in params:
                 raise ValueError(f"checkpoint weight {name!r} matches no parameter of "
                                  f"{type(self).__name__}")
             param = params[target]
-            dst = param.data if rows is None else param.data[rows]
-            if dst.shape != tensor.shape:
-                raise ValueError(f"checkpoint weight {name!r} has shape {tuple(tensor.shape)}, "
-                                 f"expected {tuple(dst.shape)}")
-            dst.copy_(tensor)
-            loaded.add(name if rows is None else f"{target}#{rows.start}")
-        expected = {n for n in params if not any(f in n for f in ("qkv_proj", "gate_up_proj"))}
-        expected |= {f"{n}#{s.start}" for n in params for fused in ("qkv_proj", "gate_up_proj")
-                     if fused in n
-                     for s in self._shard_slices(fused, self.model.layers[int(n.split(".")[2])])}
+            loader = getattr(owners[target], "weight_loader", None)
+            try:
+                if loader is not None:
+                    loader(param, tensor, part)
+                elif param.shape != tensor.shape:
+                    raise ValueError(f"has shape {tuple(tensor.shape)}, expected "
+                                     f"{tuple(param.shape)}")
+                else:
+                    param.data.copy_(tensor)
+            except ValueError as e:
+                raise ValueError(f"checkpoint weight {name!r} {e}") from None
+            loaded.add(target if part is None else f"{target}#{part}")
+        parts = {}
+        for fused, index in self.stacked_params.values():
+            parts.setdefault(fused, []).append(index)
+        expected = set()
+        for n in params:
+            fused = next((f for f in parts if f".{f}." in n), None)
+            expected |= {n} if fused is None else {f"{n}#{i}" for i in parts[fused]}
         missing = sorted(expected - loaded)
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} weight(s), e.g. {missing[:3]}")

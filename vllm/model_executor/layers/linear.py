@@ -1,0 +1,108 @@
+"""Linear layers split over the tensor-parallel ranks. Column-parallel layers hold a share of the
+output features (fused QKV by heads, fused gate/up by each part's share) and need no
+communication; a row-parallel layer holds a share of the input features and sums the partial
+products over ranks (the one all-reduce of an attention or MLP block). With one rank each is
+exactly nn.Linear. Each layer's weight_loader takes a full checkpoint tensor (or one part of a
+fused layer) and copies in this rank's slice."""
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm.distributed.parallel_state import get_tp_group, kv_head_range, shard_range
+
+
+def _check_shape(loaded: torch.Tensor, expected: Sequence[int]) -> None:
+    if tuple(loaded.shape) != tuple(expected):
+        raise ValueError(f"has shape {tuple(loaded.shape)}, expected {tuple(expected)}")
+
+
+class ColumnParallelLinear(nn.Linear):
+    """y[:, parts of this rank] = x W_rank^T; parts are the output pieces of a fused layer
+    (one piece for a plain layer), each split into equal row ranges by rank."""
+
+    def __init__(self, input_size: int, output_sizes: Sequence[int], bias: bool) -> None:
+        self.tp = get_tp_group()
+        # per part: (rows in the full part, [start, end) of this rank's rows)
+        self.parts = [(n, self._rank_rows(i, n)) for i, n in enumerate(output_sizes)]
+        super().__init__(input_size, sum(e - s for _, (s, e) in self.parts), bias=bias)
+
+    def _rank_rows(self, part: int, rows: int) -> tuple[int, int]:
+        return shard_range(rows, self.tp.rank, self.tp.size)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
+                      part: Optional[int] = None) -> None:
+        """Copies this rank's rows of part (None: the whole unfused output) into param."""
+        part = 0 if part is None else part
+        rows, (start, end) = self.parts[part]
+        _check_shape(loaded, (rows,) + tuple(param.shape[1:]))
+        offset = sum(e - s for _, (s, e) in self.parts[:part])
+        param.data[offset:offset + end - start].copy_(loaded[start:end])
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Fused gate/up: each part split by rank, so this rank's [gate_r, up_r] feed SiluAndMul."""
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused q/k/v split by heads: num_heads / size query heads per rank, and the KV heads
+    shared out the same way, or replicated when there are fewer KV heads than ranks."""
+
+    def __init__(self, hidden_size: int, head_size: int, num_heads: int, num_kv_heads: int,
+                 bias: bool) -> None:
+        tp = get_tp_group()
+        if num_heads % tp.size:
+            raise ValueError(f"num_attention_heads={num_heads} is not divisible by "
+                             f"tensor_parallel_size={tp.size}")
+        if num_kv_heads % tp.size and tp.size % num_kv_heads:
+            raise ValueError(f"num_key_value_heads={num_kv_heads} and tensor_parallel_size="
+                             f"{tp.size}: one must divide the other")
+        self.head_size = head_size
+        self.num_kv_heads_total = num_kv_heads
+        self.num_heads = num_heads // tp.size
+        start, end = kv_head_range(num_kv_heads, tp.rank, tp.size)
+        self.num_kv_heads = end - start
+        super().__init__(hidden_size, [num_heads * head_size, num_kv_heads * head_size,
+                                       num_kv_heads * head_size], bias)
+
+    def _rank_rows(self, part: int, rows: int) -> tuple[int, int]:
+        if part == 0:
+            return shard_range(rows, self.tp.rank, self.tp.size)
+        start, end = kv_head_range(self.num_kv_heads_total, self.tp.rank, self.tp.size)
+        return start * self.head_size, end * self.head_size
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_size
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_size
+
+
+class RowParallelLinear(nn.Linear):
+    """y = sum over ranks of x_rank W_rank^T (+ bias once): x arrives split by features, as a
+    column-parallel layer (or the attention over this rank's heads) left it."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
+        self.tp = get_tp_group()
+        self.input_range = shard_range(input_size, self.tp.rank, self.tp.size)
+        self.input_size_full = input_size
+        super().__init__(self.input_range[1] - self.input_range[0], output_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.linear(x, self.weight, self.bias)
+        out = self.tp.all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
+                      part: Optional[int] = None) -> None:
+        if param.dim() == 1:  # the bias: whole on every rank, added after the sum
+            _check_shape(loaded, param.shape)
+            param.data.copy_(loaded)
+            return
+        _check_shape(loaded, (param.shape[0], self.input_size_full))
+        start, end = self.input_range
+        param.data.copy_(loaded[:, start:end])
