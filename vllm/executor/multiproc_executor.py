@@ -13,6 +13,7 @@ import torch
 import vllm
 from vllm.distributed.parallel_state import destroy_distributed, get_open_port
 from vllm.executor.distributed_executor import DistributedExecutor, run_rank
+from vllm.process_utils import die_with_parent
 
 
 def _stop(procs: list, timeout: float = 10.0) -> None:
@@ -47,7 +48,8 @@ class MultiprocExecutor(DistributedExecutor):
         self._finalizer = weakref.finalize(self, _release, self.procs)
         for rank, device_index in zip(range(1, self.size), self._other_gpus()):
             p = subprocess.Popen([sys.executable, "-m", "vllm.executor.multiproc_executor"],
-                                 stdin=subprocess.PIPE, env=env)
+                                 stdin=subprocess.PIPE,
+                                 env={**env, "VLLM_PROCESS_NAME": f"TPRank{rank}"})
             self.procs.append(p)
             p.stdin.write(pickle.dumps((self.config, rank, init_method, self.backend,
                                         device_index)))
@@ -75,4 +77,5 @@ class MultiprocExecutor(DistributedExecutor):
 
 
 if __name__ == "__main__":
+    die_with_parent()  # a rank never outlives its driver
     run_rank(*pickle.load(sys.stdin.buffer))
