@@ -66,6 +66,24 @@ def tree_cpu(root: int) -> dict[str, dict]:
     return out
 
 
+SPEC_COUNTERS = ("num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
+                 "num_spec_steps")
+
+
+def spec_counters(port: int) -> dict[str, float]:
+    """The server's spec-decode counters from /metrics (empty without speculation)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for key in SPEC_COUNTERS:
+                if sample.name == f"vllm:spec_decode_{key}_total":
+                    out[key] = sample.value
+    return out
+
+
 def start_server(flags: list[str], port: int, layout: str, log_path: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *flags, "--host",
            "127.0.0.1", "--port", str(port), "--served-model-name", "bench",
@@ -116,16 +134,20 @@ def run_config(args, layout: str, config: str, flags: list[str]) -> list[dict]:
                 "--dataset", args.dataset, "--label", f"{layout} {config}",
                 "--output-json", os.path.join(args.out_dir,
                                               f"serving_{layout}_{config}_c{conc}.json")])
-            before = tree_cpu(proc.pid)
+            before, spec_before = tree_cpu(proc.pid), spec_counters(port)
             summary = benchmark_serving.main(bench)
-            after = tree_cpu(proc.pid)
+            after, spec_after = tree_cpu(proc.pid), spec_counters(port)
+            spec = {k: spec_after[k] - spec_before.get(k, 0) for k in spec_after}
             cpu = {name: {"cpu_s": after[name]["cpu_s"] - before.get(name, {"cpu_s": 0})[
                 "cpu_s"], "cores": after[name]["cores"]} for name in after}
             rows.append({"layout": layout, "config": config, "concurrency": conc,
                          "output_throughput": summary["output_throughput"],
                          "tpot_ms_median": summary["tpot_ms"]["50"],
                          "duration_s": summary["duration_s"], "failed": summary["failed"],
-                         "cpu": cpu})
+                         "cpu": cpu, "spec_decode": spec,
+                         # tokens per sequence-step that verified drafts (tau)
+                         "tau": (spec["num_emitted_tokens"] / spec["num_spec_steps"]
+                                 if spec.get("num_spec_steps") else None)})
     finally:
         stop_server(proc)
     return rows
@@ -157,14 +179,15 @@ def main() -> None:
     plain = {(r["layout"], r["concurrency"]): r["output_throughput"] for r in rows
              if r["config"] == "plain"}
     print(f"{'layout':<8}{'config':<8}{'clients':>8}{'tok/s':>10}{'vs plain':>10}"
-          f"{'TPOT ms':>9}  cpu s per process (cores)")
+          f"{'TPOT ms':>9}{'tau':>6}  cpu s per process (cores)")
     for r in rows:
         base = plain.get((r["layout"], r["concurrency"]))
         ratio = f"{r['output_throughput'] / base:.2f}x" if base else "-"
         cpu = "; ".join(f"{name.split(' (')[0]} {v['cpu_s']:.1f} ({_cores(v['cores'])})"
                         for name, v in r["cpu"].items())
         print(f"{r['layout']:<8}{r['config']:<8}{r['concurrency']:>8}"
-              f"{r['output_throughput']:>10.1f}{ratio:>10}{r['tpot_ms_median'] or 0:>9.2f}  {cpu}")
+              f"{r['output_throughput']:>10.1f}{ratio:>10}{r['tpot_ms_median'] or 0:>9.2f}"
+              f"{r['tau'] or 0:>6.2f}  {cpu}")
 
 
 def _cores(cores: list[int]) -> str:

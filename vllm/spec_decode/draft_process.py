@@ -17,6 +17,7 @@ Faults never change outputs, only whether a step speculates: a drafter that rais
 within the timeout is killed and a new one started in the background; until it is ready the
 engine decodes without speculation. Too many failures in a row switch speculation off."""
 import os
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -199,6 +200,15 @@ class DraftProcessProposer(Proposer):
             self._fail(f"the draft process failed to start: {value}")
             return False
         self._on_ready(value)
+        return True
+
+    def wait_until_ready(self, timeout: float) -> bool:
+        """Blocks until a (re)started drafter is ready, at most timeout seconds."""
+        deadline = time.monotonic() + timeout
+        while not (self.ready or self._poll_restart()):
+            if self.gave_up or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
         return True
 
     def _fail(self, reason: str) -> None:

@@ -1,0 +1,85 @@
+"""The CPU draft in its own process (DraftProcessProposer): greedy outputs equal plain decoding
+for a draft equal to and different from the target; a drafter that hangs (SIGSTOP) past the
+timeout or dies (SIGKILL) mid-generation is replaced while the engine decodes without
+speculation, and outputs still equal plain decoding; a bad draft is a start-up error."""
+import os
+import signal
+
+import pytest
+
+from vllm import LLM, SamplingParams
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.llm_engine import LLMEngine
+
+PROMPTS = ["def fibonacci(n):", "The quick brown fox jumps over", "x", "Once upon a time"]
+NUM_TOKENS = 48
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def reference(spec_target):
+    llm = LLM(spec_target, dtype="float32", device="cpu")
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+def spec_engine(target: str, draft: str, **kwargs) -> LLMEngine:
+    return LLMEngine.from_engine_args(EngineArgs(
+        model=target, dtype="float32", device="cpu", speculative_model=draft,
+        num_speculative_tokens=3, cpu_draft_worker=True, speculative_draft_dtype="float32",
+        speculative_draft_process="on", speculative_adaptive="off", **kwargs))
+
+
+def run(engine: LLMEngine, on_step=None) -> list[list[int]]:
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, GREEDY)
+    outputs, step = {}, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = out.outputs[0].token_ids
+        step += 1
+        if on_step is not None:
+            on_step(step)
+    return [outputs[str(i)] for i in range(len(PROMPTS))]
+
+
+@pytest.mark.parametrize("draft", ["self", "other"])
+def test_draft_process_greedy_equals_plain(reference, spec_target, spec_draft, draft):
+    engine = spec_engine(spec_target, spec_target if draft == "self" else spec_draft)
+    try:
+        assert engine.proposer.runs_in_own_process and engine.proposer.pid != os.getpid()
+        assert run(engine) == reference
+        m = engine.spec_metrics
+        assert m.num_spec_steps > 0
+        if draft == "self":
+            assert m.acceptance_rate == 1.0
+    finally:
+        engine.shutdown()
+    assert engine.proposer.proc.poll() is not None  # shutdown stopped it
+
+
+@pytest.mark.parametrize("fault", [signal.SIGSTOP, signal.SIGKILL])
+def test_drafter_fault_mid_generation_equals_plain(reference, spec_target, spec_draft, fault):
+    engine = spec_engine(spec_target, spec_draft, speculative_draft_timeout=1.0)
+    proposer = engine.proposer
+    first_pid = proposer.pid
+
+    def inject(step: int) -> None:
+        if step == 3:
+            os.kill(first_pid, fault)
+
+    try:
+        assert run(engine, inject) == reference
+        assert proposer.num_failures >= 1 and proposer.num_restarts >= 1
+        # the replacement drafter takes over for the next requests
+        assert proposer.wait_until_ready(120)
+        before = engine.spec_metrics.num_spec_steps
+        assert run(engine) == reference
+        assert proposer.pid != first_pid and engine.spec_metrics.num_spec_steps > before
+    finally:
+        engine.shutdown()
+
+
+def test_bad_draft_is_a_startup_error(spec_target, tmp_path):
+    with pytest.raises(ValueError, match="missing"):
+        spec_engine(spec_target, str(tmp_path / "missing"))
