@@ -4,9 +4,9 @@ norms. Weights load from HF names; q/k/v and gate/up are fused into one matmul e
 from typing import Any, Iterable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from vllm.model_executor import cpu_decode
 from vllm.model_executor.attention.layer import Attention
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -94,6 +94,9 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+        fused = cpu_decode.forward(self, hidden, positions)  # a CPU step of few rows
+        if fused is not None:
+            return fused
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
@@ -122,7 +125,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [num_rows, hidden_size] -> fp32 logits [num_rows, vocab_size]."""
         weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return cpu_decode.linear(hidden, weight).float()
 
     def _shard_slices(self, fused: str, layer: nn.Module) -> list[slice]:
         if fused == "qkv_proj":
