@@ -13,11 +13,11 @@ def resident_bytes() -> int:
 
 
 def test_cpu_kv_cache_is_held_as_written():
-    hf_config = SimpleNamespace(num_hidden_layers=2, num_attention_heads=4,
-                                num_key_value_heads=4, hidden_size=256)
+    hf_config = SimpleNamespace(num_hidden_layers=2, num_attention_heads=16,
+                                num_key_value_heads=16, hidden_size=1024)
     config = SimpleNamespace(hf_config=hf_config, cache_config=CacheConfig(block_size=16),
                              torch_dtype=torch.float32, device=torch.device("cpu"))
-    num_blocks = 2048  # 2 layers x K/V x 2048 blocks x 16 tokens x 256 floats: 128 MiB each
+    num_blocks = 2048  # 2 layers x K/V x 2048 blocks x 16 tokens x 1024 floats: 128 MiB each
     before = resident_bytes()
     caches = kv_cache.allocate_kv_caches(config, num_blocks)
     nominal = sum(k.numel() * 4 + v.numel() * 4 for k, v in caches)
