@@ -117,21 +117,51 @@ VLLM_BF16_TARGET inline void tile_bf16(c10::BFloat16* out, int64_t ldo, const c1
   }
 }
 
-template <int NB>
+// rows of up to MB at a time; NB weight rows per tile (NB x MB accumulators)
+template <int NB, int MB>
 VLLM_BF16_TARGET void tile_rows_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
                                      int64_t ldx, const c10::BFloat16* w,
                                      const c10::BFloat16* bias, int64_t m_dim, int64_t k_dim,
                                      int64_t n0) {
   int64_t m = 0;
-  for (; m + kTileM <= m_dim; m += kTileM) {
-    tile_bf16<NB, kTileM>(out, ldo, x, ldx, w, bias, k_dim, n0, m);
-  }
+  for (; m + MB <= m_dim; m += MB) tile_bf16<NB, MB>(out, ldo, x, ldx, w, bias, k_dim, n0, m);
   switch (m_dim - m) {
-    case 3: tile_bf16<NB, 3>(out, ldo, x, ldx, w, bias, k_dim, n0, m); break;
-    case 2: tile_bf16<NB, 2>(out, ldo, x, ldx, w, bias, k_dim, n0, m); break;
-    case 1: tile_bf16<NB, 1>(out, ldo, x, ldx, w, bias, k_dim, n0, m); break;
+#define VLLM_CASE(R) \
+  case R: if constexpr (R < MB) tile_bf16<NB, R>(out, ldo, x, ldx, w, bias, k_dim, n0, m); break;
+    VLLM_CASE(7) VLLM_CASE(6) VLLM_CASE(5) VLLM_CASE(4) VLLM_CASE(3) VLLM_CASE(2) VLLM_CASE(1)
+#undef VLLM_CASE
     default: break;
   }
+}
+
+// Up to 4 rows: 4 weight rows x the rows per tile. More: 2 weight rows x 8 rows, which streams
+// a step of 8 rows at about the cost of 1 (measured on AVX512_BF16).
+void linear_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_t ldx,
+                 const c10::BFloat16* w, const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim,
+                 int64_t k_dim) {
+  const int64_t nb = m_dim > 4 ? 2 : 4;
+  const int64_t num_tiles = (n_dim + nb - 1) / nb;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (nb * k_dim * 2));
+  at::parallel_for(0, num_tiles, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * nb;
+      const int64_t rows = std::min<int64_t>(nb, n_dim - n0);
+      if (nb == 2) {
+        if (rows == 2) {
+          tile_rows_bf16<2, 8>(out, ldo, x, ldx, w, bias, m_dim, k_dim, n0);
+        } else {
+          tile_rows_bf16<1, 8>(out, ldo, x, ldx, w, bias, m_dim, k_dim, n0);
+        }
+        continue;
+      }
+      switch (rows) {
+        case 4: tile_rows_bf16<4, 4>(out, ldo, x, ldx, w, bias, m_dim, k_dim, n0); break;
+        case 3: tile_rows_bf16<3, 4>(out, ldo, x, ldx, w, bias, m_dim, k_dim, n0); break;
+        case 2: tile_rows_bf16<2, 4>(out, ldo, x, ldx, w, bias, m_dim, k_dim, n0); break;
+        default: tile_rows_bf16<1, 4>(out, ldo, x, ldx, w, bias, m_dim, k_dim, n0); break;
+      }
+    }
+  });
 }
 
 bool has_bf16_dot() {
@@ -152,17 +182,7 @@ void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T
 #ifdef VLLM_BF16_DOT
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (has_bf16_dot()) {
-      at::parallel_for(0, num_tiles, grain, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) {
-          const int64_t n0 = t * kTileN;
-          switch (std::min<int64_t>(kTileN, n_dim - n0)) {
-            case 4: tile_rows_bf16<4>(out, ldo, input, ldi, weight, bias, m_dim, k_dim, n0); break;
-            case 3: tile_rows_bf16<3>(out, ldo, input, ldi, weight, bias, m_dim, k_dim, n0); break;
-            case 2: tile_rows_bf16<2>(out, ldo, input, ldi, weight, bias, m_dim, k_dim, n0); break;
-            default: tile_rows_bf16<1>(out, ldo, input, ldi, weight, bias, m_dim, k_dim, n0); break;
-          }
-        }
-      });
+      linear_bf16(out, ldo, input, ldi, weight, bias, m_dim, n_dim, k_dim);
       return;
     }
   }

@@ -19,7 +19,7 @@ BLOCK = 16
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 3, 8, 32])
+@pytest.mark.parametrize("m", [1, 3, 5, 8, 12, 32])
 @pytest.mark.parametrize("n,k", [(768, 256), (13, 100), (1, 17), (257, 576)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_small(dtype, m, n, k, bias):
@@ -157,3 +157,4 @@ def test_opcheck():
     x, w = torch.randn(3, 64), torch.randn(40, 64)
     torch.library.opcheck(torch.ops._C.linear_small.default,
                           (torch.empty(3, 40), x, w, torch.randn(40)))
+
