@@ -99,7 +99,8 @@ def run(model, caches, md, ids, positions, path, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("context_lens,q_lens", [
     ([7], [1]),  # one draft step
-    ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes
+    ([9, 30, 2], [1, 1, 2]),  # 4 rows: the GEMV's largest
+    ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes (torch's GEMM)
     ([20, 35, 5], [5, 5, 5]),  # verification of 4 drafts each
     ([33] * 4 + [12] * 4, [4] * 8),  # 32 rows, the largest the path takes
 ])
