@@ -117,7 +117,7 @@ if want draft; then
     --load-format dummy --dtypes bfloat16 --threads 1,2,4,8,16 --batch-sizes 1,8 \
     --paths fused,native --num-forwards 48 --output-json "$OUT_DIR/draft_forward.json" \
     > "$OUT_DIR/draft_forward.log" 2>&1 || status=1
-  grep -v "INFO" "$OUT_DIR/draft_forward.log" | grep -v "summary" | grep "x floor" | tail -60
+  grep "thr  batch" "$OUT_DIR/draft_forward.log" | tail -60
   grep -A12 "== summary" "$OUT_DIR/draft_forward.log"
 fi
 if want pair; then
