@@ -16,6 +16,10 @@ SHAPES = {
     # the trained pair's draft (benchmarks/trained_pair.py): 19.8M parameters
     "draft-20m": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                       num_attention_heads=2, num_key_value_heads=2, vocab_size=32000),
+    # SmolLM2-135M: GQA 9/3 heads of 64, tied embeddings
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                         tie_word_embeddings=True),
     "llama-68m": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=2,
                       num_attention_heads=12, num_key_value_heads=12, vocab_size=32000),
     # CPU tests of benchmarks/trained_pair.py (--tiny): GQA, head_dim 32
@@ -32,7 +36,8 @@ def write_shape_dir(name: str, out_dir: str) -> Path:
     config = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
                   max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
                   tie_word_embeddings=False, torch_dtype="bfloat16", bos_token_id=1,
-                  eos_token_id=2, **SHAPES[name])
+                  eos_token_id=2)
+    config.update(SHAPES[name])
     (out / "config.json").write_text(json.dumps(config, indent=2))
     build_tokenizer(out)  # prompts are token ids; the tokenizer only satisfies the engine
     return out

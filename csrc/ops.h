@@ -37,6 +37,21 @@
 
 namespace vllm_cpu {
 VLLM_KERNEL_DECLARATIONS
+// CPU only: a decode step of few rows (cpu/linear.cpp, cpu/decode_layers.cpp).
+/* out [M, N] = input [M, K] @ weight [N, K]^T (+ bias [N]); fp32 sums, cost ~ the weight bytes */
+void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                  const std::optional<at::Tensor>& bias);
+/* hidden [num_tokens, hidden] (the embedded tokens) -> the final norm's output, in place, through
+   every layer; weights: per layer ln1, qkv_w, qkv_b (empty: none), o_w, ln2, gate_up_w, down_w;
+   caches and attention metadata as for reshape_and_cache and paged_attention */
+void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
+                   const std::vector<at::Tensor>& weights, const at::Tensor& final_norm,
+                   const at::Tensor& cos_sin_cache, const std::vector<at::Tensor>& key_caches,
+                   const std::vector<at::Tensor>& value_caches, const at::Tensor& slot_mapping,
+                   const at::Tensor& block_tables, const at::Tensor& context_lens,
+                   const at::Tensor& query_start_loc, int64_t max_context_len, int64_t num_heads,
+                   int64_t num_kv_heads, int64_t head_size, double epsilon, double scale,
+                   bool is_neox);
 }  // namespace vllm_cpu
 
 #ifdef VLLM_WITH_CUDA

@@ -20,6 +20,14 @@ TORCH_LIBRARY(_C, m) {
       "paged_attention(Tensor! out, Tensor query, Tensor key_cache, Tensor value_cache, "
       "Tensor block_tables, Tensor context_lens, Tensor query_start_loc, int max_context_len, "
       "float scale) -> ()");
+  // CPU only (a decode step of few rows)
+  m.def("linear_small(Tensor! out, Tensor input, Tensor weight, Tensor? bias) -> ()");
+  m.def(
+      "decode_layers(Tensor! hidden, Tensor positions, Tensor[] weights, Tensor final_norm, "
+      "Tensor cos_sin_cache, Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, "
+      "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, Tensor query_start_loc, "
+      "int max_context_len, int num_heads, int num_kv_heads, int head_size, float epsilon, "
+      "float scale, bool is_neox) -> ()");
 }
 
 #define VLLM_REGISTER_KERNELS(m, ns)                          \
@@ -31,7 +39,11 @@ TORCH_LIBRARY(_C, m) {
   m.impl("copy_blocks", &ns::copy_blocks);                    \
   m.impl("paged_attention", &ns::paged_attention)
 
-TORCH_LIBRARY_IMPL(_C, CPU, m) { VLLM_REGISTER_KERNELS(m, vllm_cpu); }
+TORCH_LIBRARY_IMPL(_C, CPU, m) {
+  VLLM_REGISTER_KERNELS(m, vllm_cpu);
+  m.impl("linear_small", &vllm_cpu::linear_small);
+  m.impl("decode_layers", &vllm_cpu::decode_layers);
+}
 
 #ifdef VLLM_WITH_CUDA
 TORCH_LIBRARY_IMPL(_C, CUDA, m) { VLLM_REGISTER_KERNELS(m, vllm_cuda); }

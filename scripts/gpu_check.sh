@@ -134,11 +134,17 @@ if want tp; then
   fi
 fi
 if want draft; then
-  echo "== the CPU draft's forward on this host: dtypes x threads (the trained draft's shape)"
-  "$PY" -m benchmarks.model_shapes draft-20m /tmp/draft-20m > /dev/null 2>&1
-  "$PY" benchmarks/benchmark_draft.py --model /tmp/draft-20m --load-format dummy \
-    --threads 1,2,4,8,16 --profile --output-json "$OUT_DIR/draft_forward.json" 2>&1 \
-    | grep -v "INFO" | tail -40
+  echo "== the CPU decode forward on this host: three draft shapes, bf16, batch 1 and 8, threads,"
+  echo "   fused (decode_layers) vs native (per-op) paths"
+  for s in draft-20m llama-68m smollm2-135m; do
+    "$PY" -m benchmarks.model_shapes $s /tmp/$s > /dev/null 2>&1
+  done
+  "$PY" benchmarks/benchmark_draft.py --model /tmp/draft-20m,/tmp/llama-68m,/tmp/smollm2-135m \
+    --load-format dummy --dtypes bfloat16 --threads 1,2,4,8,16 --batch-sizes 1,8 \
+    --paths fused,native --num-forwards 48 --output-json "$OUT_DIR/draft_forward.json" \
+    > "$OUT_DIR/draft_forward.log" 2>&1 || status=1
+  grep "thr  batch" "$OUT_DIR/draft_forward.log" | tail -60
+  grep -A12 "== summary" "$OUT_DIR/draft_forward.log"
 fi
 if want pair; then
   echo "== trained pair: a real acceptance rate at the Llama-2-7B shape (benchmarks/trained_pair.py)"

@@ -82,3 +82,26 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
                     max_context_len: int, scale: float) -> None:
     _call("paged_attention", query.device, out, query, key_cache, value_cache, block_tables,
           context_lens, query_start_loc, max_context_len, scale)
+
+
+# CPU-only ops (no CUDA kernel): a decode step of few rows (vllm/model_executor/cpu_decode.py)
+CPU_OP_NAMES = ("linear_small", "decode_layers")
+
+
+def linear_small(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                 bias: "torch.Tensor | None" = None) -> None:
+    """out [M, N] = input [M, K] @ weight [N, K]^T (+ bias); for few rows (M up to ~32)."""
+    _call("linear_small", input.device, out, input, weight, bias)
+
+
+def decode_layers(hidden: torch.Tensor, positions: torch.Tensor, weights: list[torch.Tensor],
+                  final_norm: torch.Tensor, cos_sin_cache: torch.Tensor,
+                  key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],
+                  slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                  context_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                  max_context_len: int, num_heads: int, num_kv_heads: int, head_size: int,
+                  epsilon: float, scale: float, is_neox: bool) -> None:
+    """Every decoder layer and the final norm over hidden (the embedded tokens), in place."""
+    _call("decode_layers", hidden.device, hidden, positions, weights, final_norm, cos_sin_cache,
+          key_caches, value_caches, slot_mapping, block_tables, context_lens, query_start_loc,
+          max_context_len, num_heads, num_kv_heads, head_size, epsilon, scale, is_neox)

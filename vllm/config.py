@@ -75,6 +75,8 @@ class SpeculativeConfig:
     speculative_draft_dtype: str = doc("auto", "draft dtype on the CPU: auto (bfloat16 for "
                                        "fp16 checkpoints), float32 or bfloat16 (ours)",
                                        choices=["auto", "float32", "bfloat16", "float16"])
+    speculative_draft_threads: int = doc(0, "threads of the CPU draft: 0 picks the fastest "
+                                         "count by a short measurement at start-up (ours)")
     ngram_prompt_lookup_max: Optional[int] = doc(None, "longest n-gram matched by [ngram]")
     ngram_prompt_lookup_min: Optional[int] = doc(None, "shortest n-gram matched by [ngram]")
     spec_decoding_acceptance_method: str = doc(
@@ -167,6 +169,9 @@ class SpeculativeConfig:
         if (self.speculative_disable_by_batch_size is not None
                 and self.speculative_disable_by_batch_size < 2):
             raise ValueError("speculative_disable_by_batch_size must be >= 2")
+        if self.speculative_draft_threads < 0:
+            raise ValueError(f"speculative_draft_threads must be >= 0 (0: measure), got "
+                             f"{self.speculative_draft_threads}")
 
     @property
     def enabled(self) -> bool:

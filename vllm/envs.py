@@ -10,6 +10,9 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_CPU_ISA": (str.lower, "auto", "build: auto, avx512, avx2 or scalar CPU kernels"),
     "VLLM_CPU_KVCACHE_SPACE": (float, 4.0, "GiB of host memory for a CPU KV cache"),
     "VLLM_CPU_NUM_THREADS": (int, 0, "threads for CPU work; 0 keeps torch's default"),
+    "VLLM_CPU_DECODE_PATH": (str.lower, "fused",
+                             "CPU steps of at most 32 rows: fused (one decode_layers call per "
+                             "step) or native (one op per layer piece, the reference)"),
     "VLLM_MODEL_CACHE": (str, "", "where fetched GGUF models are cached; default "
                          "~/.cache/vllm-hetero/models"),
     "VLLM_LOGGING_LEVEL": (str.upper, "INFO", "log level of the vllm logger"),

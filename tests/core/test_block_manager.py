@@ -27,3 +27,16 @@ def test_grow_is_all_or_nothing():
     assert bm.num_free_blocks == 1
     with pytest.raises(NoFreeBlocksError):
         bm.allocate(2)
+
+
+def test_freed_blocks_are_reused_first():
+    """The blocks ever handed out stay the peak in use (on the CPU, the host pages the KV cache
+    holds): a freed block is the next one allocated."""
+    bm = BlockManager(100, 16)
+    a = bm.allocate(10)
+    bm.free(a)
+    b = bm.allocate(10)
+    assert sorted(b) == sorted(a)
+    c = bm.allocate(3)
+    bm.free(c[1:2])
+    assert bm.allocate(1) == c[1:2]

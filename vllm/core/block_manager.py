@@ -64,4 +64,5 @@ class BlockManager:
                 raise ValueError(f"block {b} freed more often than allocated")
             self._ref_counts[b] -= 1
             if self._ref_counts[b] == 0:
-                self._free.append(b)
+                # reused first: the blocks ever written (host pages held) stay at peak usage
+                self._free.appendleft(b)

@@ -18,11 +18,12 @@ from vllm.config import VllmConfig
 from vllm.core.block_manager import BlockManager
 from vllm.core.request import Request
 from vllm.core.scheduler import SchedulerOutput
+from vllm.forward_context import AttentionMetadata, set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.loader import resolve_config
 from vllm.model_executor.sampler import Sampler, SamplingBatch
 from vllm.spec_decode.proposer import Proposal, ProposalHandle, Proposer
-from vllm.worker import kv_cache
+from vllm.worker import cpu_threads, kv_cache
 from vllm.worker.model_runner import ModelRunner
 
 logger = init_logger(__name__)
@@ -85,12 +86,12 @@ class DraftModelProposer(Proposer):
         self.config = draft_config(target_config)
         check_vocab_match(target_tokenizer, get_tokenizer(self.config.model_config),
                           target_config.hf_config.vocab_size, self.config.hf_config.vocab_size)
-        if self.config.device.type == "cpu" and envs.VLLM_CPU_NUM_THREADS > 0:
-            torch.set_num_threads(envs.VLLM_CPU_NUM_THREADS)
         self.runner = ModelRunner(self.config)
         self.runner.load_model()
         num_blocks = kv_cache.num_blocks_for_memory(self.config)
         self.runner.initialize_cache(num_blocks)
+        if self.config.device.type == "cpu":
+            self.num_threads = self._set_num_threads()
         self.block_manager = BlockManager(num_blocks, self.config.cache_config.block_size)
         self.max_model_len = self.config.model_config.max_model_len
         self.seqs: dict[str, DraftSequence] = {}
@@ -103,6 +104,34 @@ class DraftModelProposer(Proposer):
         logger.info("draft model %s on %s (%s), KV cache %d blocks",
                     self.config.model_config.model, self.config.device, self.config.torch_dtype,
                     num_blocks)
+
+    def _set_num_threads(self) -> int:
+        """--speculative-draft-threads, else VLLM_CPU_NUM_THREADS, else the count whose
+        one-token forward measures fastest now."""
+        n = (self.config.speculative_config.speculative_draft_threads
+             or envs.VLLM_CPU_NUM_THREADS)
+        if n > 0:
+            torch.set_num_threads(n)
+            return n
+        n, times = cpu_threads.pick_num_threads(self._probe_forward,
+                                                cpu_threads.candidate_counts())
+        logger.info("draft threads: %d (ms per one-token forward by threads: %s)", n,
+                    ", ".join(f"{k}: {v:.2f}" for k, v in times.items()))
+        return n
+
+    @torch.inference_mode()
+    def _probe_forward(self) -> None:
+        """One one-token forward and its logits, at position block_size - 1 of block 0 (free at
+        start-up)."""
+        bs = self.config.cache_config.block_size
+        md = AttentionMetadata(
+            slot_mapping=torch.tensor([bs - 1]), block_tables=torch.zeros(1, 1, dtype=torch.int32),
+            context_lens=torch.tensor([bs], dtype=torch.int32),
+            query_start_loc=torch.tensor([0, 1], dtype=torch.int32), max_context_len=bs,
+            query_lens=[1], prefill_only=False)
+        with set_forward_context(md, self.runner.kv_caches):
+            hidden = self.runner.model(torch.zeros(1, dtype=torch.long), torch.tensor([bs - 1]))
+        self.runner.model.compute_logits(hidden).argmax(-1).tolist()
 
     def propose(self, requests: list[Request], max_num_drafts: list[int]) -> ProposalHandle:
         return ProposalHandle(lambda: self._propose(requests, max_num_drafts))

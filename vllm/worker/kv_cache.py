@@ -1,6 +1,11 @@
 """KV cache allocation: per layer a key and a value cache of [num_blocks, num_kv_heads,
 block_size, head_size], on the model's device. The number of blocks comes from free GPU memory
-(gpu_memory_utilization) on the GPU and from VLLM_CPU_KVCACHE_SPACE on the CPU."""
+(gpu_memory_utilization) on the GPU and from VLLM_CPU_KVCACHE_SPACE on the CPU, never more than
+max_num_seqs sequences at max_model_len can use.
+
+On the CPU the space is a bound, not a cost: a large cache is allocated untouched (the OS maps
+zeroed pages on first write), and the block pool hands out the most recently freed blocks first,
+so the host memory held follows the tokens actually cached, not VLLM_CPU_KVCACHE_SPACE."""
 from typing import Any
 
 import torch
@@ -54,4 +59,8 @@ def allocate_kv_caches(config: VllmConfig,
         config.hf_config, config.parallel_config.tensor_parallel_size)
     shape = (num_blocks, num_kv_heads, config.cache_config.block_size, head_size)
     kw = dict(dtype=config.torch_dtype, device=config.device)
-    return [(torch.zeros(shape, **kw), torch.zeros(shape, **kw)) for _ in range(num_layers)]
+    nbytes = torch.Size(shape).numel() * torch.tensor([], dtype=config.torch_dtype).element_size()
+    # above malloc's largest heap chunk (32 MiB) an allocation is a fresh mmap: zero pages that
+    # cost memory only once written
+    alloc = torch.empty if config.device.type == "cpu" and nbytes > (64 << 20) else torch.zeros
+    return [(alloc(shape, **kw), alloc(shape, **kw)) for _ in range(num_layers)]

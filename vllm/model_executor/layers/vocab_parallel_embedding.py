@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm.distributed.parallel_state import get_tp_group
+from vllm.model_executor import cpu_decode
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -34,7 +35,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [num_rows, dim] -> fp32 logits [num_rows, vocab], on every rank."""
-        logits = F.linear(hidden, self.weight).float()
+        logits = cpu_decode.linear(hidden, self.weight).float()  # GEMV for few CPU rows
         if self.tp.size == 1:
             return logits
         return self.tp.all_gather(logits)[:, :self.num_embeddings]

@@ -8,6 +8,7 @@ from typing import Any, Iterable, Optional
 import torch
 from torch import nn
 
+from vllm.model_executor import cpu_decode
 from vllm.model_executor.attention.layer import Attention
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -101,6 +102,9 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+        fused = cpu_decode.forward(self, hidden, positions)  # a CPU step of few rows
+        if fused is not None:
+            return fused
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)

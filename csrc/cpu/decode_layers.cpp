@@ -1,0 +1,113 @@
+// decode_layers on the CPU: every decoder layer of a Llama-family model (Llama, Mistral, SmolLM2,
+// Qwen2's q/k/v biases) for a step of few rows, in one call. Per layer: rms_norm, qkv linear,
+// rotary, cache write, paged attention, o linear, fused add + rms_norm, gate/up linear,
+// silu_and_mul, down linear; then the final norm. The same kernels the per-op path calls, without
+// a Python round trip and dispatcher call per op: the step costs its weight bytes. The linears are
+// linear_small's GEMV up to kGemvMaxRows rows and torch's GEMM above.
+#include "cpu/linear.h"
+#include "cpu/vec.h"
+#include "ops.h"
+
+namespace vllm_cpu {
+namespace {
+
+constexpr int64_t kTensorsPerLayer = 7;  // ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w, down_w
+
+// Rows up to which linear_small's GEMV beats torch's GEMM (oneDNN) on bf16 and fp32 weights:
+// measured 2-5x faster at 1 row, even at 4, slower from 6 (AVX512_BF16 host, 1-2 threads); above
+// it the step's matmuls are compute-bound and the GEMM's blocking wins.
+constexpr int64_t kGemvMaxRows = 4;
+
+void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+            const at::Tensor* bias) {
+  if (input.size(0) > kGemvMaxRows) {
+    if (bias != nullptr) {
+      at::addmm_out(out, *bias, input, weight.t());
+    } else {
+      at::mm_out(out, input, weight.t());
+    }
+    return;
+  }
+  VLLM_CPU_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "decode_layers", [&] {
+    linear_small_impl<scalar_t>(out.data_ptr<scalar_t>(), out.stride(0),
+                                input.data_ptr<scalar_t>(), input.stride(0),
+                                weight.data_ptr<scalar_t>(),
+                                bias != nullptr ? bias->data_ptr<scalar_t>() : nullptr,
+                                input.size(0), weight.size(0), weight.size(1));
+  });
+}
+
+void check_weight(const at::Tensor& w, int64_t rows, int64_t cols, const at::Tensor& like,
+                  const char* name, int64_t layer) {
+  TORCH_CHECK(w.dim() == 2 && w.size(0) == rows && w.size(1) == cols && w.is_contiguous() &&
+                  w.scalar_type() == like.scalar_type(),
+              "layer ", layer, ": ", name, " must be a contiguous [", rows, ", ", cols,
+              "] tensor of the hidden state's dtype, got ", w.sizes(), " ", w.scalar_type());
+}
+
+}  // namespace
+
+void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
+                   const std::vector<at::Tensor>& weights, const at::Tensor& final_norm,
+                   const at::Tensor& cos_sin_cache, const std::vector<at::Tensor>& key_caches,
+                   const std::vector<at::Tensor>& value_caches, const at::Tensor& slot_mapping,
+                   const at::Tensor& block_tables, const at::Tensor& context_lens,
+                   const at::Tensor& query_start_loc, int64_t max_context_len, int64_t num_heads,
+                   int64_t num_kv_heads, int64_t head_size, double epsilon, double scale,
+                   bool is_neox) {
+  const int64_t num_layers = static_cast<int64_t>(key_caches.size());
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == kTensorsPerLayer * num_layers &&
+                  value_caches.size() == key_caches.size(),
+              "decode_layers takes ", kTensorsPerLayer, " weights per layer and one key and value "
+              "cache per layer; got ", weights.size(), " weights for ", num_layers, " layers");
+  TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), "hidden must be [num_tokens, hidden]");
+  const int64_t m = hidden.size(0);
+  const int64_t q_size = num_heads * head_size, kv_size = num_kv_heads * head_size;
+  const auto opts = hidden.options();
+  at::Tensor residual = hidden.clone();
+  at::Tensor x = hidden;  // the current layer input, normalised in place
+  at::Tensor attn = at::empty({m, num_heads, head_size}, opts);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const at::Tensor* w = weights.data() + l * kTensorsPerLayer;
+    const at::Tensor& qkv_w = w[1];
+    const at::Tensor* qkv_b = w[2].numel() > 0 ? &w[2] : nullptr;
+    const int64_t h = hidden.size(1), inter = w[6].size(1);
+    check_weight(qkv_w, q_size + 2 * kv_size, h, hidden, "qkv weight", l);
+    check_weight(w[3], h, q_size, hidden, "o weight", l);
+    check_weight(w[5], 2 * inter, h, hidden, "gate_up weight", l);
+    check_weight(w[6], h, inter, hidden, "down weight", l);
+    TORCH_CHECK(qkv_b == nullptr || (qkv_b->dim() == 1 && qkv_b->size(0) == qkv_w.size(0) &&
+                                     qkv_b->scalar_type() == hidden.scalar_type()),
+                "layer ", l, ": qkv bias must be [", qkv_w.size(0), "] of the hidden's dtype");
+    if (l == 0) {
+      rms_norm(x, residual, w[0], epsilon);
+    } else {
+      fused_add_rms_norm(x, residual, w[0], epsilon);
+    }
+    at::Tensor qkv = at::empty({m, qkv_w.size(0)}, opts);
+    linear(qkv, x, qkv_w, qkv_b);
+    at::Tensor q = qkv.narrow(1, 0, q_size);
+    at::Tensor k = qkv.narrow(1, q_size, kv_size);
+    at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size);
+    rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox);
+    at::Tensor k3 = k.view({m, num_kv_heads, head_size});
+    at::Tensor v3 = v.view({m, num_kv_heads, head_size});
+    at::Tensor kc = key_caches[l], vc = value_caches[l];
+    reshape_and_cache(k3, v3, kc, vc, slot_mapping);
+    at::Tensor q3 = q.contiguous().view({m, num_heads, head_size});
+    paged_attention(attn, q3, kc, vc, block_tables, context_lens, query_start_loc,
+                    max_context_len, scale);
+    at::Tensor attn2 = attn.view({m, q_size});
+    linear(x, attn2, w[3], nullptr);
+    fused_add_rms_norm(x, residual, w[4], epsilon);
+    const at::Tensor& gate_up_w = w[5];
+    at::Tensor gate_up = at::empty({m, gate_up_w.size(0)}, opts);
+    linear(gate_up, x, gate_up_w, nullptr);
+    at::Tensor act = at::empty({m, gate_up_w.size(0) / 2}, opts);
+    silu_and_mul(act, gate_up);
+    linear(x, act, w[6], nullptr);
+  }
+  fused_add_rms_norm(x, residual, final_norm, epsilon);
+}
+
+}  // namespace vllm_cpu

@@ -1,0 +1,161 @@
+"""The CPU decode path (linear_small, decode_layers) against the per-op reference: the model's own
+layers with F.linear, for Llama (GQA, MHA) and Qwen2 (q/k/v biases) shapes, fp32 and bf16, decode
+and verification batches of 1 to 32 rows; plus torch.library.opcheck of both ops."""
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, Qwen2Config
+
+from tests.utils import assert_close
+from vllm import _custom_ops as ops
+from vllm.forward_context import AttentionMetadata, set_forward_context
+from vllm.model_executor import cpu_decode
+from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+
+pytestmark = pytest.mark.skipif(not ops.has_kernel("decode_layers", "cpu"),
+                                reason="vllm._C without the CPU decode ops")
+BLOCK = 16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 3, 5, 8, 12, 32])
+@pytest.mark.parametrize("n,k", [(768, 256), (13, 100), (1, 17), (257, 576)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_small(dtype, m, n, k, bias):
+    torch.manual_seed(m * n + k)
+    x, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype) / k**0.5
+    b = torch.randn(n, dtype=dtype) if bias else None
+    out = torch.full((m, n), float("nan"), dtype=dtype)
+    ops.linear_small(out, x, w, b)
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    assert_close("linear_small", out.float(), ref, dtype)
+
+
+def test_linear_small_rejects_bad_shapes():
+    with pytest.raises(RuntimeError, match="features"):
+        ops.linear_small(torch.empty(2, 4), torch.randn(2, 8), torch.randn(4, 7), None)
+
+
+SHAPES = {
+    "llama-gqa": (LlamaForCausalLM, LlamaConfig, dict(num_attention_heads=4,
+                                                      num_key_value_heads=2, head_dim=32)),
+    "llama-mha": (LlamaForCausalLM, LlamaConfig, dict(num_attention_heads=2,
+                                                      num_key_value_heads=2, head_dim=64)),
+    "qwen2-bias": (Qwen2ForCausalLM, Qwen2Config, dict(num_attention_heads=4,
+                                                       num_key_value_heads=1, head_dim=32)),
+}
+
+
+def make_model(shape: str, dtype: torch.dtype):
+    cls, config_cls, heads = SHAPES[shape]
+    config = config_cls(vocab_size=300, hidden_size=128, intermediate_size=200,
+                        num_hidden_layers=3, max_position_embeddings=256, rms_norm_eps=1e-5,
+                        tie_word_embeddings=shape.startswith("qwen2"), **heads)
+    torch.manual_seed(0)
+    model = cls(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.2 if "norm" not in name else 0.1) + ("norm" in name))
+    return model.to(dtype).eval(), config
+
+
+def make_step(config, dtype, context_lens, q_lens):
+    """Caches holding random K/V for each sequence's earlier tokens, and the metadata of a step
+    feeding each sequence its last q_len tokens."""
+    num_kv, head = config.num_key_value_heads, config.head_dim
+    blocks_per_seq = max(-(-c // BLOCK) for c in context_lens)
+    num_blocks = blocks_per_seq * len(context_lens) + 1
+    caches = [(torch.randn(num_blocks, num_kv, BLOCK, head).to(dtype),
+               torch.randn(num_blocks, num_kv, BLOCK, head).to(dtype))
+              for _ in range(config.num_hidden_layers)]
+    # sequence s owns blocks s * blocks_per_seq + 1 ... (block 0 unused), in reverse order
+    tables = torch.tensor([[s * blocks_per_seq + blocks_per_seq - j for j in range(blocks_per_seq)]
+                           for s in range(len(context_lens))], dtype=torch.int32)
+    positions, slots = [], []
+    for s, (c, q) in enumerate(zip(context_lens, q_lens)):
+        for pos in range(c - q, c):
+            positions.append(pos)
+            slots.append(int(tables[s, pos // BLOCK]) * BLOCK + pos % BLOCK)
+    qsl = [0]
+    for q in q_lens:
+        qsl.append(qsl[-1] + q)
+    md = AttentionMetadata(torch.tensor(slots), tables, torch.tensor(context_lens, dtype=torch.int32),
+                           torch.tensor(qsl, dtype=torch.int32), max(context_lens), list(q_lens),
+                           False)
+    return caches, md, torch.tensor(positions)
+
+
+def run(model, caches, md, ids, positions, path, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_DECODE_PATH", path)
+    caches = [(k.clone(), v.clone()) for k, v in caches]
+    with torch.inference_mode(), set_forward_context(md, caches):
+        hidden = model(ids, positions)
+        logits = model.compute_logits(hidden)
+    return hidden, logits, caches
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("context_lens,q_lens", [
+    ([7], [1]),  # one draft step
+    ([9, 30, 2], [1, 1, 2]),  # 4 rows: the GEMV's largest
+    ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes (torch's GEMM)
+    ([20, 35, 5], [5, 5, 5]),  # verification of 4 drafts each
+    ([33] * 4 + [12] * 4, [4] * 8),  # 32 rows, the largest the path takes
+])
+def test_decode_layers_matches_per_op_path(shape, dtype, context_lens, q_lens, monkeypatch):
+    model, config = make_model(shape, dtype)
+    caches, md, positions = make_step(config, dtype, context_lens, q_lens)
+    ids = torch.randint(0, config.vocab_size, (len(positions),),
+                        generator=torch.Generator().manual_seed(1))
+    ref_hidden, ref_logits, ref_caches = run(model, caches, md, ids, positions, "native",
+                                             monkeypatch)
+    hidden, logits, new_caches = run(model, caches, md, ids, positions, "fused", monkeypatch)
+    assert_close("decode_layers", hidden.float(), ref_hidden.float(), dtype, tol_scale=2)
+    assert_close("decode_layers logits", logits, ref_logits, dtype, tol_scale=2)
+    for (k, v), (rk, rv) in zip(new_caches, ref_caches):
+        assert_close("decode_layers kv", k.float(), rk.float(), dtype, tol_scale=2)
+        assert_close("decode_layers kv", v.float(), rv.float(), dtype, tol_scale=2)
+    if dtype == torch.float32:
+        assert (logits.argmax(-1) == ref_logits.argmax(-1)).all()
+
+
+class Taken(Exception):
+    pass
+
+
+def test_only_small_steps_take_the_fused_path(monkeypatch):
+    model, config = make_model("llama-gqa", torch.float32)
+
+    def taken(*args):
+        raise Taken
+
+    monkeypatch.setattr(ops, "decode_layers", taken)
+    for rows, fused in ((cpu_decode.MAX_ROWS + 1, False), (cpu_decode.MAX_ROWS, True)):
+        caches, md, positions = make_step(config, torch.float32, [40], [rows])
+        ids = torch.zeros(rows, dtype=torch.long)
+        if fused:
+            with pytest.raises(Taken):
+                run(model, caches, md, ids, positions, "fused", monkeypatch)
+        else:
+            run(model, caches, md, ids, positions, "fused", monkeypatch)
+    run(model, caches, md, ids, positions, "native", monkeypatch)  # the reference setting
+
+
+def test_opcheck():
+    model, config = make_model("qwen2-bias", torch.float32)
+    caches, md, positions = make_step(config, torch.float32, [20, 5], [2, 1])
+    weights = cpu_decode._layer_weights(model.model)
+    attn = model.model.layers[0].self_attn
+    hidden = torch.randn(3, config.hidden_size)
+    torch.library.opcheck(torch.ops._C.decode_layers.default, (
+        hidden, positions, weights, model.model.norm.weight.detach(),
+        attn.rotary_emb.cos_sin_cache, [k for k, _ in caches], [v for _, v in caches],
+        md.slot_mapping, md.block_tables, md.context_lens, md.query_start_loc,
+        md.max_context_len, attn.num_heads, attn.num_kv_heads, attn.head_dim, 1e-5,
+        attn.attn.scale, True))
+    x, w = torch.randn(3, 64), torch.randn(40, 64)
+    torch.library.opcheck(torch.ops._C.linear_small.default,
+                          (torch.empty(3, 40), x, w, torch.randn(40)))
+

@@ -1,0 +1,80 @@
+"""The CPU decode path: a step of few rows (a draft step, a drafted batch, a CPU target's decode)
+runs every decoder layer in one vllm._C call (decode_layers), so it costs the weight bytes rather
+than a Python and dispatcher round trip per op. Its matmuls, and the logits', are linear_small's
+GEMV (each weight streamed once for all rows) up to GEMV_MAX_ROWS rows and torch's GEMM above. The per-op
+path (the model's own forward) stays the reference and runs wherever this one does not apply:
+other devices, more rows, other dtypes, biases beyond Qwen2's q/k/v, partial rotary."""
+from typing import Any, Optional
+
+import torch
+
+from vllm import _custom_ops as ops
+from vllm import envs
+
+MAX_ROWS = 32  # steps of more rows run the per-op path
+GEMV_MAX_ROWS = 4  # linear_small up to this many rows, torch's GEMM above (as in decode_layers)
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def rows_apply(x: torch.Tensor) -> bool:
+    """True when a [rows, features] CPU tensor takes the small-row path."""
+    return (x.device.type == "cpu" and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS
+            and x.dtype in DTYPES and envs.VLLM_CPU_DECODE_PATH == "fused"
+            and ops.has_kernel("decode_layers", "cpu"))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight^T through linear_small when it applies, else F.linear."""
+    if (rows_apply(x) and x.shape[0] <= GEMV_MAX_ROWS and weight.dtype == x.dtype
+            and weight.is_contiguous()):
+        out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
+        ops.linear_small(out, x.contiguous(), weight, None)
+        return out
+    return torch.nn.functional.linear(x, weight)
+
+
+def _layer_weights(model: Any) -> Optional[list[torch.Tensor]]:
+    """The per-layer tensors decode_layers takes, or None when a layer has a piece it lacks."""
+    tensors = []
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        rope = attn.rotary_emb
+        if (attn.o_proj.bias is not None or mlp.gate_up_proj.bias is not None
+                or mlp.down_proj.bias is not None or rope.rotary_dim != rope.head_size
+                or not rope.is_neox_style):
+            return None
+        qkv_b = attn.qkv_proj.bias
+        tensors += [layer.input_layernorm.weight, attn.qkv_proj.weight,
+                    qkv_b if qkv_b is not None else attn.qkv_proj.weight.new_empty(0),
+                    attn.o_proj.weight, layer.post_attention_layernorm.weight,
+                    mlp.gate_up_proj.weight, mlp.down_proj.weight]
+    return [t.detach() for t in tensors]
+
+
+def forward(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Optional[torch.Tensor]:
+    """The final norm's output for the embedded tokens `hidden`, or None when the path does not
+    apply (the caller then runs the per-op layers). model: a LlamaModel."""
+    if not rows_apply(hidden) or not model.layers:
+        return None
+    if model.layers[0].self_attn.o_proj.tp.size > 1:
+        return None  # a shard's layer needs its all-reduces: the per-op path has them
+    cached = getattr(model, "_decode_weights", None)
+    key = model.layers[0].self_attn.qkv_proj.weight.data_ptr()  # weights replaced: pack again
+    if cached is None or cached[0] != key:
+        cached = (key, _layer_weights(model))
+        model._decode_weights = cached
+    weights = cached[1]
+    if weights is None or weights[1].dtype != hidden.dtype:
+        return None
+    from vllm.forward_context import get_forward_context
+    ctx = get_forward_context()
+    md = ctx.attn_metadata
+    attn = model.layers[0].self_attn
+    hidden = hidden.contiguous()
+    ops.decode_layers(hidden, positions, weights, model.norm.weight.detach(),
+                      attn.rotary_emb.cos_sin_cache, [k for k, _ in ctx.kv_caches],
+                      [v for _, v in ctx.kv_caches], md.slot_mapping, md.block_tables,
+                      md.context_lens, md.query_start_loc, md.max_context_len, attn.num_heads,
+                      attn.num_kv_heads, attn.head_dim, model.norm.variance_epsilon,
+                      attn.attn.scale, True)
+    return hidden
