@@ -22,8 +22,10 @@ What a request passes through, who owns it, and where it lives:
 With speculative decoding (speculative_model set) a step becomes:
     1. Scheduler.schedule(k)               also reserves k KV slots past each decoding request
     1b. Proposer.propose() -> handle       drafts (n-gram lookup, or the draft model on its own
-                                           device: the CPU with cpu_draft_worker, its own KV);
-                                           the engine waits on the handle only here
+                                           device: the CPU with cpu_draft_worker, its own KV,
+                                           in its own process beside a GPU target:
+                                           spec_decode/draft_process.py); the engine waits on
+                                           the handle only here
     2. Worker.execute_model()              ONE target forward over [last token, d1..dk] per
                                            request; RejectionSampler keeps a prefix of the
                                            drafts and adds one target token (lossless)
