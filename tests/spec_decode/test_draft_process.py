@@ -43,9 +43,12 @@ def run(engine: LLMEngine, on_step=None) -> list[list[int]]:
     return [outputs[str(i)] for i in range(len(PROMPTS))]
 
 
-@pytest.mark.parametrize("draft", ["self", "other"])
-def test_draft_process_greedy_equals_plain(reference, spec_target, spec_draft, draft):
-    engine = spec_engine(spec_target, spec_target if draft == "self" else spec_draft)
+@pytest.mark.parametrize("draft,ahead", [("self", "off"), ("other", "on")])
+def test_draft_process_greedy_equals_plain(reference, spec_target, spec_draft, draft, ahead):
+    """With drafting ahead on, the drafter drafts past each proposal after answering it."""
+    engine = spec_engine(spec_target, spec_target if draft == "self" else spec_draft,
+                         speculative_draft_ahead=ahead)
+    assert engine.draft_ahead == (ahead == "on")
     try:
         assert engine.proposer.runs_in_own_process and engine.proposer.pid != os.getpid()
         assert run(engine) == reference
