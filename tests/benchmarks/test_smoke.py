@@ -98,5 +98,8 @@ def test_benchmark_draft(tmp_path, tiny_llama):
     run("benchmark_draft.py", "--model", tiny_llama, "--dtypes", "float32", "--threads", "1",
         "--context", "16", "--num-forwards", "6", "--warmup", "2", "--output-json", str(out))
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["dtype"], r["threads"]) for r in rows] == [("float32", 1)]
-    assert 0 < rows[0]["min"] <= rows[0]["ms_per_forward"] and rows[0]["floor_ms"] > 0
+    # both CPU decode paths by default: the fused one and the per-op reference
+    assert sorted((r["dtype"], r["threads"], r["path"]) for r in rows) == [
+        ("float32", 1, "fused"), ("float32", 1, "native")]
+    for row in rows:
+        assert 0 < row["min"] <= row["ms_per_forward"] and row["floor_ms"] > 0

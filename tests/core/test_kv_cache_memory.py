@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import torch
 
-from vllm.config import CacheConfig
+from vllm.config import CacheConfig, ParallelConfig
 from vllm.worker import kv_cache
 
 
@@ -16,6 +16,7 @@ def test_cpu_kv_cache_is_held_as_written():
     hf_config = SimpleNamespace(num_hidden_layers=2, num_attention_heads=16,
                                 num_key_value_heads=16, hidden_size=1024)
     config = SimpleNamespace(hf_config=hf_config, cache_config=CacheConfig(block_size=16),
+                             parallel_config=ParallelConfig(),
                              torch_dtype=torch.float32, device=torch.device("cpu"))
     num_blocks = 2048  # 2 layers x K/V x 2048 blocks x 16 tokens x 1024 floats: 128 MiB each
     before = resident_bytes()
