@@ -1,4 +1,5 @@
 """Shared fixtures: a deterministic seed per test, and the kernel error report at the end."""
+import gc
 import zlib
 
 import pytest
@@ -17,6 +18,14 @@ def tiny_llama(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_qwen2(tmp_path_factory):
     return str(build_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", seed=1))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_after_module():
+    """Engines a test module dropped (weights, KV caches) are freed before the next module
+    loads its own: the suite runs on machines of 24 GB."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)
