@@ -30,12 +30,12 @@ def test_candidates_are_powers_of_two_up_to_the_cores():
     assert all(c & (c - 1) == 0 for c in counts[:-1])
 
 
-def make_proposer(target, draft, threads):
+def make_proposer(target, draft, threads, owns_process=True):
     args = EngineArgs(model=target, dtype="float32", device="cpu", speculative_model=draft,
                       num_speculative_tokens=2, cpu_draft_worker=True,
                       speculative_draft_dtype="float32", speculative_draft_threads=threads)
     config = resolve_config(args.create_engine_config())
-    return DraftModelProposer(config, get_tokenizer(config.model_config))
+    return DraftModelProposer(config, get_tokenizer(config.model_config), owns_process)
 
 
 def test_flag_sets_the_draft_threads(spec_target, spec_draft):
@@ -46,6 +46,18 @@ def test_flag_sets_the_draft_threads(spec_target, spec_draft):
         measured = make_proposer(spec_target, spec_draft, 0).num_threads
         assert measured in cpu_threads.candidate_counts()
         assert torch.get_num_threads() == measured
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_beside_a_cpu_target_in_one_process_threads_are_left_alone(spec_target, spec_draft):
+    """torch's thread count is process-wide: a draft sharing a CPU target's process must not
+    change the target's."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert make_proposer(spec_target, spec_draft, 1, owns_process=False).num_threads == 2
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
 

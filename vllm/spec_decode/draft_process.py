@@ -87,7 +87,8 @@ def _drafter_main() -> None:
     try:
         from vllm.engine.tokenizer import get_tokenizer
         from vllm.spec_decode.draft_worker import DraftModelProposer
-        proposer = DraftModelProposer(target_config, get_tokenizer(target_config.model_config))
+        proposer = DraftModelProposer(target_config, get_tokenizer(target_config.model_config),
+                                      owns_process=True)
     except Exception as e:  # noqa: BLE001 - the engine reports it as a start-up error
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return

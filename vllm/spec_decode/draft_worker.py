@@ -80,7 +80,10 @@ def check_vocab_match(target_tokenizer: Any, draft_tokenizer: Any, target_vocab:
 
 class DraftModelProposer(Proposer):
 
-    def __init__(self, target_config: VllmConfig, target_tokenizer: Any) -> None:
+    def __init__(self, target_config: VllmConfig, target_tokenizer: Any,
+                 owns_process: bool = False) -> None:
+        """owns_process: the draft is alone in its process (the draft process), so it may set
+        the process-wide torch thread count; beside a CPU target in one process it may not."""
         from vllm.engine.tokenizer import get_tokenizer
 
         self.config = draft_config(target_config)
@@ -90,7 +93,9 @@ class DraftModelProposer(Proposer):
         self.runner.load_model()
         num_blocks = kv_cache.num_blocks_for_memory(self.config)
         self.runner.initialize_cache(num_blocks)
-        if self.config.device.type == "cpu":
+        self.num_threads = torch.get_num_threads()
+        if self.config.device.type == "cpu" and (owns_process
+                                                 or target_config.device.type != "cpu"):
             self.num_threads = self._set_num_threads()
         self.block_manager = BlockManager(num_blocks, self.config.cache_config.block_size)
         self.max_model_len = self.config.model_config.max_model_len
