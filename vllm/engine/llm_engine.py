@@ -19,7 +19,8 @@ What a request passes through, who owns it, and where it lives:
                                            requests' KV blocks go back to the BlockManager
     5. RequestOutput                       engine -> caller (CPU)
 
-With speculative decoding (speculative_model set) a step becomes:
+With speculative decoding (speculative_model set; SpecDecoder owns all of it) a step becomes:
+    0. SpecDecoder.plan() -> k             the goodput controller's k for this step (0: plain)
     1. Scheduler.schedule(k)               also reserves k KV slots past each decoding request
     1b. Proposer.propose() -> handle       drafts (n-gram lookup, or the draft model on its own
                                            device: the CPU with cpu_draft_worker, its own KV);
