@@ -163,7 +163,7 @@ def main(args) -> dict:
     engine = llm.llm_engine
     proposers = build_proposers(llm, names, args)
     if not args.adaptive:
-        engine.governor = None  # every row measures its k as given
+        engine.spec.controller = None  # every row measures its k as given
     llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     engine.proposer = None  # the same engine without speculation: the baseline
     plain, plain_s = timed_generate(llm, prompts, params, args.batch_size)
@@ -258,7 +258,7 @@ def make_parser() -> argparse.ArgumentParser:
                         help="also time transformers: plain, and assisted with the draft on the "
                              "CPU (batch 1)")
     parser.add_argument("--adaptive", action="store_true",
-                        help="keep the adaptive switch-off on (off: each row runs its k)")
+                        help="keep the goodput controller on (off: each row runs its k)")
     parser.add_argument("--hf-k", type=int, default=4, help="assistant tokens per step for HF")
     parser.add_argument("--hf-num-prompts", type=int, default=4)
     parser.add_argument("--output-json", default=None)

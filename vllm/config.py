@@ -96,8 +96,9 @@ class SpeculativeConfig:
         "is accepted): auto (when the draft runs on another device than the target, in the "
         "engine's process), on, off (ours)", choices=["auto", "on", "off"])
     speculative_adaptive: str = doc(
-        "on", "switch speculation off for a while when it is measured slower than plain "
-        "decoding, then probe again (ours)", choices=["on", "off"])
+        "on", "goodput controller: pick k (0 = plain decoding) and drafting ahead each step "
+        "from measured costs and acceptance; off: always the configured k (ours)",
+        choices=["on", "off"])
     speculative_draft_process: str = doc(
         "auto", "run a CPU draft model in its own process (own threads and cores, no shared "
         "GIL): auto (when the target is on a GPU), on, off (ours)",

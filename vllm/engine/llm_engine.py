@@ -19,7 +19,8 @@ What a request passes through, who owns it, and where it lives:
                                            requests' KV blocks go back to the BlockManager
     5. RequestOutput                       engine -> caller (CPU)
 
-With speculative decoding (speculative_model set) a step becomes:
+With speculative decoding (speculative_model set; SpecDecoder owns all of it) a step becomes:
+    0. SpecDecoder.plan() -> k             the goodput controller's k for this step (0: plain)
     1. Scheduler.schedule(k)               also reserves k KV slots past each decoding request
     1b. Proposer.propose() -> handle       drafts (n-gram lookup, or the draft model on its own
                                            device: the CPU with cpu_draft_worker, its own KV,
@@ -53,10 +54,9 @@ from vllm.model_executor.sampler import LogprobsTensors
 from vllm.model_executor.model_loader.loader import resolve_config
 from vllm.outputs import CompletionOutput, Logprob, RequestOutput
 from vllm.sampling_params import SamplingParams
-from vllm.spec_decode.governor import SpecGovernor
 from vllm.spec_decode.metrics import SpecDecodeMetrics
-from vllm.spec_decode.ngram_proposer import NgramProposer
 from vllm.spec_decode.proposer import Proposer
+from vllm.spec_decode.spec_decoder import SpecDecoder
 from vllm.worker.model_runner import RunnerOutput
 
 logger = init_logger(__name__)
@@ -90,53 +90,35 @@ class LLMEngine:
         self.groups: dict[str, _RequestGroup] = {}
         self.eos_token_id = self.tokenizer.eos_token_id
         self.spec_config = config.speculative_config
-        self.proposer = self._create_proposer() if self.spec_config.enabled else None
-        self.draft_ahead = self._draft_ahead()
-        if self.proposer is not None:
-            self.proposer.draft_ahead = self.draft_ahead
-        self.governor = (SpecGovernor() if self.proposer is not None
-                         and self.spec_config.speculative_adaptive == "on" else None)
-        self.spec_metrics = SpecDecodeMetrics()
-        self._last_log_time = time.time()
+        self.spec = SpecDecoder(self.config, self.tokenizer)
 
-    def _create_proposer(self) -> Proposer:
-        spec = self.spec_config
-        if spec.is_ngram:
-            return NgramProposer(spec.ngram_prompt_lookup_max, spec.ngram_prompt_lookup_min)
-        if self._use_draft_process():
-            from vllm.spec_decode.draft_process import DraftProcessProposer
-            return DraftProcessProposer(self.config)
-        from vllm.spec_decode.draft_worker import DraftModelProposer
-        return DraftModelProposer(self.config, self.tokenizer)
+    @property
+    def proposer(self) -> Optional[Proposer]:
+        return self.spec.proposer
 
-    def _use_draft_process(self) -> bool:
-        """A CPU draft runs in its own process when asked to, or (auto) beside a GPU target."""
-        spec = self.spec_config
-        draft_on_cpu = spec.cpu_draft_worker or self.config.device.type == "cpu"
-        if spec.speculative_draft_process == "on" and not draft_on_cpu:
-            raise ValueError("speculative_draft_process=on runs a CPU draft: add "
-                             "cpu_draft_worker=True")
-        if spec.speculative_draft_process == "auto":
-            return draft_on_cpu and self.config.device.type != "cpu"
-        return spec.speculative_draft_process == "on"
+    @proposer.setter
+    def proposer(self, proposer: Optional[Proposer]) -> None:
+        self.spec.proposer = proposer
 
-    def _draft_ahead(self) -> bool:
-        """Drafting ahead pays when it overlaps the target's forward: the draft on another
-        device (the CPU) than the target (the GPU), in the engine's process. 'on' forces it
-        (tests on the CPU). A draft process is left to draft on demand: measured on the H200
-        (trained 7B-shape pair, k=3), drafting ahead there made each proposal wait for the
-        ahead work (draft 4.7 vs 3.0 ms per step, 1.82x vs 2.20x plain)."""
-        mode = self.spec_config.speculative_draft_ahead
-        draft_config = getattr(self.proposer, "config", None)
-        if self.proposer is None or mode == "off" or draft_config is None:
-            return False
-        return mode == "on" or (draft_config.device.type != self.config.device.type
-                                and not self.proposer.runs_in_own_process)
+    @property
+    def spec_metrics(self) -> SpecDecodeMetrics:
+        return self.spec.metrics
+
+    @spec_metrics.setter
+    def spec_metrics(self, metrics: SpecDecodeMetrics) -> None:
+        self.spec.metrics = metrics
+
+    @property
+    def draft_ahead(self) -> bool:
+        return self.spec.draft_ahead
+
+    @draft_ahead.setter
+    def draft_ahead(self, on: bool) -> None:
+        self.spec.draft_ahead = on
 
     def shutdown(self) -> None:
         """Stops the processes this engine started (the draft process, tensor-parallel ranks)."""
-        if self.proposer is not None:
-            self.proposer.shutdown()
+        self.spec.shutdown()
         self.model_executor.shutdown()
 
     @classmethod
@@ -235,21 +217,14 @@ class LLMEngine:
             self.scheduler.abort_requests([c.req_id for c in group.children])
             for child in group.children:
                 self.detokenizer.free(child)
-                if self.proposer is not None:
-                    self.proposer.free(child.req_id)
+            self.spec.free(group.children)
 
     def stats(self) -> "EngineStats":
         from vllm.engine.engine_client import EngineStats
 
-        spec = None
-        if self.spec_config.enabled:
-            spec = self.spec_metrics.as_dict(self.spec_config.num_speculative_tokens)
-            for key in ("num_restarts", "num_failures"):
-                if hasattr(self.proposer, key):
-                    spec[f"drafter_{key}"] = getattr(self.proposer, key)
         return EngineStats(num_running=len(self.scheduler.running),
                            num_waiting=len(self.scheduler.waiting),
-                           kv_cache_usage=self.block_manager.usage, spec_decode=spec)
+                           kv_cache_usage=self.block_manager.usage, spec_decode=self.spec.stats())
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -264,32 +239,33 @@ class LLMEngine:
         request (sampling it, detokenizing, a stop check, formatting its logprobs) finishes that
         request with RequestOutput.error set; a fault of the step as a whole (the forward)
         fails the requests of this step the same way, and later steps serve the rest."""
-        num_lookahead = self._num_lookahead()
-        sched_out = self.scheduler.schedule(num_lookahead)
+        k = self.spec.plan(self.scheduler.running)
+        sched_out = self.scheduler.schedule(k)
         if sched_out.is_empty():
             return []
         try:
-            return self._run_step(sched_out, num_lookahead)
+            return self._run_step(sched_out)
         except Exception as e:  # noqa: BLE001 - the step's requests hear of it, not the caller
             logger.exception("a step failed; failing its %d requests", len(sched_out.requests))
             message = f"the engine step failed: {type(e).__name__}: {e}"
             failed = {req.group_id: message for req in sched_out.requests}
             return self._fail_groups(failed)
 
-    def _run_step(self, sched_out: SchedulerOutput, num_lookahead: int) -> list[RequestOutput]:
-        step_start = time.perf_counter()
-        speculating = num_lookahead > 0 and self._propose(sched_out)
+    def _run_step(self, sched_out: SchedulerOutput) -> list[RequestOutput]:
+        speculating = self.spec.propose(sched_out)
         start = time.perf_counter()
-        ahead = self._propose_ahead if speculating and self.draft_ahead else None
-        result = self.model_executor.execute_model(sched_out, ahead)
+        result = self.model_executor.execute_model(sched_out, self.spec.ahead_hook(speculating))
         self.scheduler.update(sched_out, result.sampled)
+        self.spec.verified(sched_out, result.sampled, time.perf_counter() - start)
+        outputs = self._make_step_outputs(sched_out, result)
+        self.spec.end_step(sched_out)
+        return outputs
+
+    def _make_step_outputs(self, sched_out: SchedulerOutput,
+                           result: RunnerOutput) -> list[RequestOutput]:
+        """Stop checks, text and logprobs of what the step sampled; the callers' outputs."""
         # group id -> why it failed: those groups are finished with an error below
         failed = {sched_out.requests[i].group_id: msg for i, msg in result.failed.items()}
-        if speculating:
-            self._accept_drafts(sched_out, result, time.perf_counter() - start)
-        if self.governor is not None:
-            self._inform_governor(sched_out, result, speculating,
-                                  1e3 * (time.perf_counter() - step_start))
         self._record_logprobs(sched_out.requests, result, failed)
         touched: dict[str, None] = {}
         now = time.time()
@@ -327,12 +303,11 @@ class LLMEngine:
                                             [req.sampling_params.logprobs] * num_kept)
             req.logprobs.extend(entries[:num_kept])
         if drafts:
-            self._record_spec_step(req, len(drafts), new_ids, num_kept)
+            self.spec.record_emitted(req, len(drafts), new_ids, num_kept)
         if status is not None:
             self.scheduler.finish_request(req, status)
             self.detokenizer.free(req)
-            if self.proposer is not None:
-                self.proposer.free(req.req_id)
+            self.spec.free([req])
 
     def _fail_groups(self, failed: dict[str, str]) -> list[RequestOutput]:
         """Finishes every child of each group with its error and frees what they held; returns
@@ -347,7 +322,7 @@ class LLMEngine:
                     self.scheduler.finish_request(child, RequestStatus.FINISHED_ERROR)
                     child.error = message
                 self.detokenizer.free(child)
-                self._free_proposer_state([child])
+                self.spec.free([child])
             try:
                 output = self._make_output(group)
             except Exception:  # noqa: BLE001 - the error alone is reported then
@@ -356,125 +331,6 @@ class LLMEngine:
             output.finished, output.error = True, message
             outputs.append(output)
         return outputs
-
-    # speculative decoding
-
-    def _num_lookahead(self) -> int:
-        """k, or 0 when speculation is off for this step (by batch size, or by the governor)."""
-        spec = self.spec_config
-        if self.proposer is None:
-            return 0
-        running = self.scheduler.running
-        if (spec.speculative_disable_by_batch_size is not None
-                and len(running) >= spec.speculative_disable_by_batch_size):
-            return 0
-        # seeded requests must come out the same on every run: timing may not change their
-        # schedule of speculation
-        if (self.governor is not None and not any(r.sampling_params.seed is not None
-                                                  for r in running)
-                and not self.governor.should_speculate()):
-            return 0
-        return spec.num_speculative_tokens
-
-    def _inform_governor(self, out: SchedulerOutput, result: RunnerOutput, speculating: bool,
-                         step_ms: float) -> None:
-        """Decode-only steps (every sequence brings its last token, plus drafts) tell the
-        governor what a plain or a speculative token costs."""
-        drafts = out.draft_token_ids or [[] for _ in out.requests]
-        if not all(n == 1 + len(d) for n, d in zip(out.num_scheduled_tokens, drafts)):
-            return  # a prompt (chunk) is in the step
-        if speculating:
-            self.governor.record_spec(step_ms, sum(len(s or ()) for s in result.sampled))
-        elif self.proposer is not None:
-            self.governor.record_plain(step_ms, len(out.requests))
-
-    def _propose(self, out: SchedulerOutput) -> bool:
-        """Asks the proposer for drafts into the reserved lookahead slots; False if none came."""
-        start = time.perf_counter()
-        idx = [i for i, n in enumerate(out.num_lookahead) if n > 0]
-        if not idx:
-            return False
-        reqs = [out.requests[i] for i in idx]
-        try:
-            proposal = self.proposer.propose(reqs, [out.num_lookahead[i] for i in idx]).result()
-            self._check_proposal(proposal, len(idx))
-        except Exception:  # noqa: BLE001 - the step goes on without speculation
-            logger.exception("the proposer failed; this step runs without speculation")
-            self._free_proposer_state(reqs)
-            return False
-        for i, drafts, probs in zip(idx, proposal.draft_token_ids, proposal.draft_probs):
-            drafts = drafts[:out.num_lookahead[i]]
-            out.draft_token_ids[i] = drafts
-            out.num_scheduled_tokens[i] += len(drafts)
-            if probs is not None and drafts:
-                out.draft_probs[i] = probs[:len(drafts)]
-        self.spec_metrics.draft_time_s += time.perf_counter() - start
-        self.spec_metrics.num_propose_calls += 1
-        return any(out.draft_token_ids[i] for i in idx)
-
-    def _check_proposal(self, proposal: Any, num_requests: int) -> None:
-        vocab = self.config.hf_config.vocab_size
-        if (len(proposal.draft_token_ids) != num_requests
-                or len(proposal.draft_probs) != num_requests):
-            raise ValueError(f"the proposal has {len(proposal.draft_token_ids)} entries for "
-                             f"{num_requests} requests")
-        for drafts in proposal.draft_token_ids:
-            if any(not isinstance(t, int) or not 0 <= t < vocab for t in drafts):
-                raise ValueError(f"the proposal holds token ids outside [0, {vocab}): {drafts}")
-
-    def _propose_ahead(self) -> None:
-        """The proposer drafting ahead during the verification; if it fails, the drafters of
-        the running requests start over (the verification itself is unaffected)."""
-        try:
-            self.proposer.propose_ahead()
-        except Exception:  # noqa: BLE001 - speculation is an optimisation
-            logger.exception("the proposer failed drafting ahead; its state is reset")
-            self._free_proposer_state(self.scheduler.running)
-
-    def _free_proposer_state(self, reqs: list[Request]) -> None:
-        """Makes the proposer forget reqs: it resyncs them from their tokens when next asked."""
-        if self.proposer is None:
-            return
-        for req in reqs:
-            try:
-                self.proposer.free(req.req_id)
-            except Exception:  # noqa: BLE001 - nothing more can be done for it
-                logger.exception("the proposer failed to free %s", req.req_id)
-
-    def _accept_drafts(self, out: SchedulerOutput, result: RunnerOutput,
-                       elapsed: float) -> None:
-        self.spec_metrics.verify_time_s += elapsed
-        self.spec_metrics.num_verify_forwards += 1
-        for req, drafts, new_ids in zip(out.requests, out.draft_token_ids, result.sampled):
-            if drafts and new_ids:
-                try:
-                    self.proposer.accept(req, len(new_ids) - 1)
-                except Exception:  # noqa: BLE001 - the drafter resyncs this request
-                    logger.exception("the proposer failed accepting drafts of %s", req.req_id)
-                    self._free_proposer_state([req])
-        self._maybe_log_spec_metrics()
-
-    def _record_spec_step(self, req: Request, num_drafts: int, new_ids: list[int],
-                          num_kept: int) -> None:
-        """Counts the tokens a verification kept: a stop (eos, max_tokens) can end the request
-        inside the accepted drafts, and what follows it was never emitted."""
-        num_accepted = min(len(new_ids) - 1, num_kept)
-        if num_kept < len(new_ids):  # drafts past the stop were neither needed nor judged
-            num_drafts = min(num_drafts, num_kept)
-        for metrics in (self.spec_metrics, req.metrics.setdefault("spec_decode",
-                                                                  SpecDecodeMetrics())):
-            metrics.record(num_drafts, num_kept, num_accepted)
-
-    def _maybe_log_spec_metrics(self) -> None:
-        if time.time() - self._last_log_time > 10.0:
-            self._last_log_time = time.time()
-            m = self.spec_metrics
-            logger.info("speculative decoding: acceptance rate %.3f, tokens per target forward "
-                        "%.2f, system efficiency %.3f, drafted %d, accepted %d, emitted %d, "
-                        "draft %.1f s, verify %.1f s", m.acceptance_rate, m.mean_accepted_length,
-                        m.system_efficiency(self.spec_config.num_speculative_tokens),
-                        m.num_draft_tokens, m.num_accepted_tokens, m.num_emitted_tokens,
-                        m.draft_time_s, m.verify_time_s)
 
     def _append_checked(self, req: Request, new_ids: list[int]
                         ) -> tuple[Optional[RequestStatus], int]:

@@ -1,0 +1,159 @@
+"""The goodput controller's choices on injected costs and acceptance: k = 0 when drafting cannot
+pay (and then its probes cost about probe_fraction), larger k as acceptance rises, the
+configured k for seeded requests; in a simulated engine it gets close to the best fixed k; in
+the real engine a useless slow proposer is left alone and outputs are unchanged."""
+import random
+import time
+
+import pytest
+
+from tests.spec_decode.test_greedy_equality import PROMPTS, generate
+from vllm import LLM
+from vllm.spec_decode.goodput import CostCurve, GoodputController, expected_tokens
+from vllm.spec_decode.proposer import Proposal, ProposalHandle, Proposer
+
+
+def simulate(ctrl: GoodputController, alpha: float, verify, draft, batch: int = 1,
+             steps: int = 400, fixed_k=None, seed: int = 0) -> tuple[float, list[int]]:
+    """Runs steps decode steps of batch requests whose drafts are each accepted with
+    probability alpha; verify(tokens) and draft(batch) are the true seconds. Returns tokens per
+    second and the k of each step (fixed_k: that k every step, no controller)."""
+    rng = random.Random(seed)
+    ids = [f"r{i}" for i in range(batch)]
+    tokens, seconds, ks, prev_k = 0, 0.0, [], 0
+    for _ in range(steps):
+        decision = ctrl.decide(ids, seeded=False)
+        if fixed_k is not None:
+            decision.k = fixed_k
+        k = decision.k
+        draft_s = k * draft(batch)
+        step_s = draft_s + verify(batch * (k + 1))
+        for r in ids:
+            n = next((j for j in range(k) if rng.random() >= alpha), k)
+            ctrl.record_verdict(r, k, n)
+            tokens += n + 1
+        ctrl.record_step(decision, batch, batch * (k + 1), draft_s, step_s, k > 0 and prev_k > 0)
+        seconds += step_s
+        ks.append(k)
+        prev_k = k
+    return tokens / seconds, ks
+
+
+def gpu_like(n: int) -> float:  # memory-bound target: flat up to 64 tokens, then linear
+    return 5e-3 * max(1.0, n / 64)
+
+
+def test_cost_curve_interpolates_and_never_decreases():
+    curve = CostCurve(decay=0.5)
+    assert curve.estimate(4) is None
+    curve.record(1, 1.0)
+    assert curve.estimate(100) == 1.0  # one point: flat
+    curve.record(8, 2.0)
+    assert curve.estimate(4.5) == pytest.approx(1.5)
+    assert curve.estimate(16) == pytest.approx(2.0 + 8 / 7)  # the last slope, extrapolated
+    curve.record(16, 0.5)  # a noisy low point does not make more tokens cheaper
+    assert curve.estimate(16) == 2.0
+    curve.record(8, 4.0)  # EMA within a bucket
+    assert curve.estimate(8) == pytest.approx(3.0)
+
+
+def test_expected_tokens():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+@pytest.mark.parametrize("draft_cost", [1e-3, 8e-3])
+def test_never_accepted_drafts_go_plain_and_probes_stay_within_budget(draft_cost):
+    ctrl = GoodputController(max_k=4)
+    rate, ks = simulate(ctrl, 0.0, gpu_like, lambda b: draft_cost, steps=1000)
+    # after learning: plain, but for probes, as many as 3% of the time pays for
+    assert sum(k > 0 for k in ks[200:]) < (0.05 if draft_cost > 5e-3 else 0.2) * 800
+    assert ctrl.num_probes > 0 and max(ks[200:]) == 1  # probes are single drafts
+    plain = 1 / gpu_like(1)
+    assert rate > 0.95 * plain  # a cheap and a dear draft both cost at most a few percent
+    assert ctrl.acceptance() < 0.1
+
+
+def test_k_grows_with_acceptance():
+    chosen = []
+    for alpha in (0.0, 0.3, 0.6, 0.8, 0.95):
+        ctrl = GoodputController(max_k=8)
+        _, ks = simulate(ctrl, alpha, gpu_like, lambda b: 1e-3, steps=300, seed=1)
+        chosen.append(max(set(ks[100:]), key=ks[100:].count))  # the usual k once learnt
+    assert chosen[0] == 0 and chosen[-1] == 8
+    assert chosen == sorted(chosen) and chosen[2] > chosen[1] >= 1
+
+
+def test_large_batches_on_a_compute_bound_target_go_plain():
+    """At batch 64 the verification of k + 1 tokens per request costs k + 1 plain steps: no k
+    pays even at high acceptance when each draft forward costs something."""
+    ctrl = GoodputController(max_k=4)
+    _, ks = simulate(ctrl, 0.7, gpu_like, lambda b: 1e-3 * b / 8, batch=64, steps=300)
+    assert sum(k > 0 for k in ks[100:]) < 0.1 * 200
+    ctrl = GoodputController(max_k=4)  # the same acceptance at batch 1 pays
+    _, ks = simulate(ctrl, 0.7, gpu_like, lambda b: 1e-3 * b / 8, batch=1, steps=300)
+    assert min(ks[100:]) >= 2
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.8])
+def test_controller_is_near_the_best_fixed_k(alpha):
+    draft = lambda b: 1.5e-3 * b  # noqa: E731 - the CPU draft: cost grows with the batch
+    best_fixed = max(simulate(GoodputController(max_k=6), alpha, gpu_like, draft, batch=4,
+                              steps=400, fixed_k=k, seed=2)[0] for k in range(7))
+    rate, _ = simulate(GoodputController(max_k=6), alpha, gpu_like, draft, batch=4, steps=400,
+                       seed=2)
+    assert rate > 0.9 * best_fixed
+
+
+def test_seeded_steps_use_the_configured_k_whatever_was_measured():
+    ctrl = GoodputController(max_k=3)
+    simulate(ctrl, 0.0, gpu_like, lambda b: 1e-2, steps=100)
+    assert ctrl.decide(["a"], seeded=False).k in (0, 1)
+    assert ctrl.decide(["a"], seeded=True).k == 3
+
+
+def test_per_request_acceptance_has_the_engine_prior():
+    ctrl = GoodputController(max_k=4, prior_acceptance=0.5, prior_weight=2.0)
+    for _ in range(20):
+        ctrl.record_verdict("good", 4, 4)
+    assert ctrl.acceptance("good") > ctrl.acceptance("new") > 0.5
+    for _ in range(40):
+        ctrl.record_verdict("bad", 4, 0)
+    assert ctrl.acceptance("bad") < 0.2
+    ctrl.free("good")
+    assert ctrl.acceptance("good") == ctrl.acceptance()
+
+
+class SlowUselessProposer(Proposer):
+    """Proposes token 1 every time and sleeps 10 ms a call: far slower than a step of the tiny
+    target, whatever it gets accepted."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, requests, max_num_drafts):
+        self.calls += 1
+        time.sleep(0.01)
+        return ProposalHandle(lambda: Proposal([[1] * k for k in max_num_drafts],
+                                               [None] * len(requests)))
+
+
+def test_engine_leaves_a_useless_slow_proposer_alone(spec_target):
+    llm = LLM(spec_target, dtype="float32", device="cpu", speculative_model="[ngram]",
+              num_speculative_tokens=3)
+    reference = generate(LLM(spec_target, dtype="float32", device="cpu"), PROMPTS[:2])
+    engine = llm.llm_engine
+    engine.proposer = proposer = SlowUselessProposer()
+    assert generate(llm, PROMPTS[:2]) == reference  # lossless whatever the controller does
+    assert proposer.calls < 0.25 * 40  # 40 steps: without the controller every one proposes
+    stats = engine.stats().spec_decode
+    assert stats["controller_k"] == 0 and stats["controller_acceptance"] < 0.5
+
+
+def test_controller_is_on_by_default_and_can_be_turned_off(spec_target):
+    kw = dict(dtype="float32", device="cpu", speculative_model="[ngram]",
+              num_speculative_tokens=2)
+    assert LLM(spec_target, **kw).llm_engine.spec.controller is not None
+    off = LLM(spec_target, speculative_adaptive="off", **kw).llm_engine
+    assert off.spec.controller is None and "controller_k" not in off.stats().spec_decode

@@ -1,0 +1,223 @@
+"""The goodput controller: each step it picks how many tokens to draft (k in 0..K, 0 = plain
+decoding) and whether to draft ahead, maximising the expected tokens emitted per second (after
+SmartSpec: Liu et al. 2024, "Optimizing Speculative Decoding for Serving Large Language Models
+Using Goodput").
+
+Model of a decode step over B requests drafting k tokens each:
+    t(k, B) = k * t_draft(B) + t_verify(B * (k + 1))
+    goodput(k) = sum over requests of (1 - a_r^(k+1)) / (1 - a_r) / t(k, B)
+t_draft (one draft forward, by the number of drafting requests) and t_verify (the rest of the
+step, by its token count) are learnt online (CostCurve); a_r, request r's acceptance, is
+estimated from its verdicts with the engine-wide estimate as its prior, and that one from its
+own verdicts with a fixed prior. One k for the whole batch: the verification's CUDA graphs are
+keyed by (batch, tokens per sequence), so every decoding request drafts the same k.
+
+When k = 0 wins, a one-token probe (k = 1) is taken now and then to measure acceptance again; the
+probes are paid from a budget of `probe_fraction` of the time spent, so a useless draft costs
+about that much. Decisions change only how fast tokens come, never which: greedy and
+rejection-sampled verification are lossless. A step with a seeded request uses the configured
+K, so that a seeded request's draws do not depend on timing."""
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+
+class CostCurve:
+    """Seconds as a function of a size, learnt online: an EMA of (size, seconds) per half-octave
+    bucket of size, read by linear interpolation between buckets; beyond the largest bucket the
+    slope of the last two is kept (flat with one). Never decreasing in size."""
+
+    def __init__(self, decay: float = 0.8) -> None:
+        self.decay = decay
+        self.points: dict[int, list[float]] = {}  # bucket -> [size, seconds] (EMAs)
+
+    def record(self, size: float, seconds: float) -> None:
+        bucket = round(2 * math.log2(max(size, 1)))
+        point = self.points.get(bucket)
+        if point is None:
+            self.points[bucket] = [float(size), seconds]
+        else:
+            point[0] = self.decay * point[0] + (1 - self.decay) * size
+            point[1] = self.decay * point[1] + (1 - self.decay) * seconds
+
+    def estimate(self, size: float) -> Optional[float]:
+        pts = sorted(self.points.values())
+        if not pts:
+            return None
+        best = pts[0][1]  # the curve is made non-decreasing: the most of the points below
+        for (x0, t0), (x1, t1) in zip(pts, pts[1:]):
+            if size < x1:
+                frac = 0.0 if size <= x0 else (size - x0) / max(x1 - x0, 1e-9)
+                return max(best, t0 + frac * (t1 - t0))
+            best = max(best, t1)
+        if len(pts) == 1:
+            return best
+        (x0, t0), (x1, t1) = pts[-2], pts[-1]
+        slope = max(0.0, (t1 - t0) / max(x1 - x0, 1e-9))
+        return max(best, t1 + slope * (size - x1))
+
+
+@dataclass
+class Acceptance:
+    """Decayed counts of a request's (or the engine's) verdicts: drafts accepted, and
+    verifications that rejected one (each judged draft is a Bernoulli(a) trial up to the first
+    rejection, so a = accepted / (accepted + rejections))."""
+    accepted: float = 0.0
+    rejections: float = 0.0
+
+    def record(self, num_drafts: int, num_accepted: int, decay: float) -> None:
+        self.accepted = decay * self.accepted + num_accepted
+        self.rejections = decay * self.rejections + (num_accepted < num_drafts)
+
+    def estimate(self, prior: float, weight: float) -> float:
+        return (self.accepted + weight * prior) / (self.accepted + self.rejections + weight)
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Tokens one verification of k drafts emits at acceptance a: 1 + a + ... + a^k."""
+    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass
+class Decision:
+    k: int  # drafts per decoding request this step (0: plain decoding)
+    draft_ahead: bool = False
+    probe: bool = False  # k = 1 taken to measure acceptance, not because the model chose it
+    modelled_speedup: Optional[float] = None  # goodput(k) / goodput(0), when both are modelled
+
+
+class GoodputController:
+
+    def __init__(self, max_k: int, prior_acceptance: float = 0.6, prior_weight: float = 2.0,
+                 decay: float = 0.98, probe_fraction: float = 0.03,
+                 draft_ahead_overlaps: bool = False) -> None:
+        self.max_k = max_k
+        self.prior_acceptance = prior_acceptance
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.probe_fraction = probe_fraction
+        # the draft runs on another device than the target: drafting ahead overlaps the
+        # verification (else the engine does not draft ahead, or it is forced on)
+        self.draft_ahead_overlaps = draft_ahead_overlaps
+        self.t_draft = CostCurve()  # one draft forward, by drafting requests
+        self.t_verify = CostCurve()  # the step less drafting, by tokens
+        self.engine_acceptance = Acceptance()
+        self.requests: dict[str, Acceptance] = {}
+        self.probe_credit = 0.0  # seconds the probes may still spend
+        self.probe_cost: Optional[float] = None  # EMA of a probe's seconds over a plain step
+        self.last = Decision(0)
+        self.num_probes = 0
+        self.k_histogram = [0] * (max_k + 1)
+
+    # estimates
+
+    def acceptance(self, req_id: Optional[str] = None) -> float:
+        engine = self.engine_acceptance.estimate(self.prior_acceptance, self.prior_weight)
+        req = self.requests.get(req_id) if req_id is not None else None
+        return engine if req is None else req.estimate(engine, self.prior_weight)
+
+    def step_seconds(self, k: int, batch: int) -> Optional[float]:
+        """Modelled seconds of a decode step of batch requests drafting k each (None when the
+        plain step is not measured yet). An unmeasured draft forward is taken as free, so that
+        drafting is tried until two speculative steps in a row have measured it (once per
+        engine: afterwards the curve covers every batch size)."""
+        plain = self.t_verify.estimate(batch)
+        if plain is None or k == 0:
+            return plain
+        draft = self.t_draft.estimate(batch)
+        if draft is None:
+            draft = 0.0
+        return k * draft + max(plain, self.t_verify.estimate(batch * (k + 1)))
+
+    def goodput(self, k: int, alphas: list[float]) -> Optional[float]:
+        t = self.step_seconds(k, len(alphas))
+        return None if t is None else sum(expected_tokens(a, k) for a in alphas) / t
+
+    # decisions
+
+    def decide(self, req_ids: list[str], seeded: bool) -> Decision:
+        """k and drafting ahead for a step whose decoding requests are req_ids."""
+        if seeded:  # depends on nothing timed: the configured k
+            decision = Decision(self.max_k, draft_ahead=self.draft_ahead_overlaps)
+        elif not req_ids:
+            decision = Decision(0)
+        else:
+            decision = self._choose([self.acceptance(r) for r in req_ids])
+        self.last = decision
+        self.k_histogram[decision.k] += 1
+        return decision
+
+    def _choose(self, alphas: list[float]) -> Decision:
+        plain = self.goodput(0, alphas)
+        if plain is None:
+            return Decision(0)  # measure a plain step first: it costs nothing extra
+        rates = [plain] + [self.goodput(k, alphas) for k in range(1, self.max_k + 1)]
+        k = max(range(len(rates)), key=lambda i: (rates[i], -i))
+        if k > 0:
+            return Decision(k, self._draft_ahead(k, alphas), False, rates[k] / plain)
+        cost = self.probe_cost
+        if cost is None:
+            cost = self.step_seconds(1, len(alphas)) - self.step_seconds(0, len(alphas))
+        self.probe_credit = min(self.probe_credit, cost)  # no burst of probes
+        if self.probe_credit >= cost:
+            self.probe_credit -= cost
+            self.num_probes += 1
+            return Decision(1, False, True, 1.0)
+        return Decision(0, False, False, 1.0)
+
+    def _draft_ahead(self, k: int, alphas: list[float]) -> bool:
+        """Drafting k + 1 ahead during the verification saves the next proposal (k forwards)
+        when all k drafts and the guessed bonus token are right (about a^(k+1)); it costs the
+        part of its k + 1 forwards that outlasts the verification."""
+        if not self.draft_ahead_overlaps:
+            return False
+        batch = len(alphas)
+        draft = self.t_draft.estimate(batch)
+        verify = self.t_verify.estimate(batch * (k + 1))
+        if draft is None or verify is None:
+            return False
+        hit = sum(a ** (k + 1) for a in alphas) / batch
+        return hit * k * draft > max(0.0, (k + 1) * draft - verify)
+
+    # measurements
+
+    def record_step(self, decision: Decision, num_decoding: int, num_tokens: int,
+                    draft_s: float, step_s: float, draft_measured: bool) -> None:
+        """A decode-only step ran: num_decoding requests, num_tokens tokens verified, draft_s of
+        its step_s seconds spent proposing. draft_measured: the proposal was an ordinary one
+        (each drafting request drafted in the previous step too, so the draft caught up on one
+        or two tokens only, not on a prompt or a run of plain steps)."""
+        if decision.probe:
+            plain = self.t_verify.estimate(num_decoding)
+            if plain is not None:
+                extra = max(step_s - plain, draft_s)  # at least its drafting, however noisy
+                self.probe_cost = extra if self.probe_cost is None else (
+                    0.8 * self.probe_cost + 0.2 * extra)
+        self.t_verify.record(num_tokens, max(step_s - draft_s, 0.0))
+        if decision.k > 0 and draft_measured:
+            self.t_draft.record(num_decoding, draft_s / decision.k)
+        if decision.k == 0:
+            self.probe_credit += self.probe_fraction * step_s
+
+    def record_verdict(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
+        """A verification of req_id's num_drafts drafts accepted num_accepted of them."""
+        if num_drafts <= 0:
+            return
+        self.engine_acceptance.record(num_drafts, num_accepted, self.decay)
+        self.requests.setdefault(req_id, Acceptance()).record(num_drafts, num_accepted,
+                                                               self.decay)
+
+    def free(self, req_id: str) -> None:
+        self.requests.pop(req_id, None)
+
+    def as_dict(self) -> dict:
+        """The estimates behind the last decision (for /metrics and the log)."""
+        last = self.last
+        draft = self.t_draft.estimate(1)
+        verify = self.t_verify.estimate(1)
+        return {"controller_k": last.k, "controller_acceptance": self.acceptance(),
+                "controller_modelled_speedup": last.modelled_speedup or 1.0,
+                "controller_draft_ahead": int(last.draft_ahead),
+                "controller_num_probes": self.num_probes,
+                "controller_draft_forward_ms": 1e3 * draft if draft is not None else 0.0,
+                "controller_plain_step_ms": 1e3 * verify if verify is not None else 0.0}
