@@ -154,8 +154,8 @@ def test_tiny_pair_loads_and_speculates(tiny_pair):
     assert hf_out == list(ref[0])
     AutoModelForCausalLM.from_pretrained(draft)
     spec = LLM(target, device="cpu", dtype="float32", num_gpu_blocks_override=64,
-               speculative_model=draft, num_speculative_tokens=4, cpu_draft_worker=True,
-               speculative_draft_dtype="float32")
+               speculative_model=draft, speculative_adaptive="off", num_speculative_tokens=4,
+               cpu_draft_worker=True, speculative_draft_dtype="float32")
     outs = spec.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == ref
     m = spec.llm_engine.spec_metrics

@@ -30,7 +30,9 @@ def draft_model(tmp_path_factory):
 
 
 def spec_args(draft: str) -> list[str]:
+    # a fixed k: the faults are injected into a drafter that is sure to be asked for drafts
     return ["--speculative-model", draft, "--num-speculative-tokens", "3",
+            "--speculative-adaptive", "off",
             "--cpu-draft-worker", "--speculative-draft-process", "on",
             "--speculative-draft-dtype", "float32", "--max-num-seqs", "16"]
 

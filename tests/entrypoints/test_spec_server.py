@@ -17,6 +17,7 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox",
 @pytest.fixture(scope="module")
 def server(tiny_llama):
     args = ["--speculative-model", "[ngram]", "--num-speculative-tokens", "3",
+            "--speculative-adaptive", "off",
             "--max-num-seqs", "2", "--max-waiting-requests", "2"]
     with RemoteServer(tiny_llama, args, served_name=MODEL, cli=True) as srv:
         yield srv

@@ -18,7 +18,8 @@ def test_cuda_target_cpu_draft_greedy_equality(spec_target, spec_draft, k, same_
     spec_draft = spec_target if same_draft else spec_draft
     kw = dict(dtype="float32", device="cuda", gpu_memory_utilization=0.3, max_num_seqs=8)
     plain = LLM(spec_target, **kw).generate(PROMPTS, greedy(), use_tqdm=False)
-    llm = LLM(spec_target, speculative_model=spec_draft, num_speculative_tokens=k,
+    llm = LLM(spec_target, speculative_model=spec_draft,
+              speculative_adaptive="off", num_speculative_tokens=k,
               cpu_draft_worker=True, speculative_draft_dtype="float32", **kw)
     assert llm.llm_engine.worker.model_runner.cuda_graphs is not None
     assert llm.llm_engine.proposer.config.device.type == "cpu"

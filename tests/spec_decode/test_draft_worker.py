@@ -16,7 +16,7 @@ from vllm.spec_decode.draft_worker import DraftModelProposer
 
 def make_proposer(target, draft, k=4):
     args = EngineArgs(model=target, dtype="float32", device="cpu", speculative_model=draft,
-                      num_speculative_tokens=k, cpu_draft_worker=True,
+                      speculative_adaptive="off", num_speculative_tokens=k, cpu_draft_worker=True,
                       speculative_draft_dtype="float32")
     config = resolve_config(args.create_engine_config())
     return DraftModelProposer(config, get_tokenizer(config.model_config))
@@ -82,7 +82,7 @@ def test_spec_flags_are_checked(spec_target):
 
 def test_sampled_spec_decode_is_reproducible_with_seeds(spec_target, spec_draft):
     llm = LLM(spec_target, device="cpu", dtype="float32", speculative_model=spec_draft,
-              num_speculative_tokens=3, cpu_draft_worker=True)
+              speculative_adaptive="off", num_speculative_tokens=3, cpu_draft_worker=True)
     params = SamplingParams(temperature=1.0, top_p=0.9, seed=11, max_tokens=24, ignore_eos=True)
     a = llm.generate(["def fibonacci(n):"], params, use_tqdm=False)[0].outputs[0].token_ids
     b = llm.generate(["The quick", "def fibonacci(n):"], [SamplingParams(max_tokens=5), params],
@@ -98,7 +98,8 @@ def test_long_requests_and_large_batches_go_on_without_speculation(spec_target, 
     ref = plain.generate([prompt, "x", "y"], params, use_tqdm=False)
     # the draft handles at most 20 tokens: the long prompt gets no drafts, the others do
     llm = LLM(spec_target, device="cpu", dtype="float32", speculative_model=spec_draft,
-              num_speculative_tokens=3, cpu_draft_worker=True, speculative_max_model_len=20)
+              speculative_adaptive="off", num_speculative_tokens=3, cpu_draft_worker=True,
+              speculative_max_model_len=20)
     outs = llm.generate([prompt], params, use_tqdm=False)
     assert outs[0].outputs[0].token_ids == ref[0].outputs[0].token_ids
     assert llm.llm_engine.spec_metrics.num_spec_steps == 0
@@ -107,7 +108,7 @@ def test_long_requests_and_large_batches_go_on_without_speculation(spec_target, 
     assert llm.llm_engine.spec_metrics.num_spec_steps > 0
     # with 3 running requests and the limit at 2, no step speculates
     off = LLM(spec_target, device="cpu", dtype="float32", speculative_model=spec_draft,
-              num_speculative_tokens=3, cpu_draft_worker=True,
+              speculative_adaptive="off", num_speculative_tokens=3, cpu_draft_worker=True,
               speculative_disable_by_batch_size=2)
     outs = off.generate([prompt, "x", "y"], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]

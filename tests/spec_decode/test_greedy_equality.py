@@ -37,7 +37,8 @@ def reference(spec_target):
 def test_spec_greedy_equals_plain(reference, spec_target, spec_draft, draft, k, batch_size):
     model = {"self": spec_target, "other": spec_draft}.get(draft, draft)
     llm = LLM(spec_target, dtype="float32", device="cpu", speculative_model=model,
-              num_speculative_tokens=k, cpu_draft_worker=True, speculative_draft_dtype="float32")
+              speculative_adaptive="off", num_speculative_tokens=k,
+              cpu_draft_worker=True, speculative_draft_dtype="float32")
     prompts = PROMPTS[:batch_size]
     outs = llm.generate(prompts, greedy(), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference[:batch_size]
@@ -61,7 +62,8 @@ def test_draft_ahead_greedy_equals_plain(reference, spec_target, spec_draft, dra
     token was the draft's guess; outputs stay token for token those of plain decoding."""
     model = {"self": spec_target, "other": spec_draft}[draft]
     llm = LLM(spec_target, dtype="float32", device="cpu", speculative_model=model,
-              num_speculative_tokens=k, cpu_draft_worker=True, speculative_draft_dtype="float32",
+              speculative_adaptive="off", num_speculative_tokens=k,
+              cpu_draft_worker=True, speculative_draft_dtype="float32",
               speculative_draft_ahead="on")
     assert llm.llm_engine.draft_ahead
     outs = llm.llm_engine.proposer, generate(llm, PROMPTS[:batch_size])
@@ -76,7 +78,7 @@ def test_draft_ahead_greedy_equals_plain(reference, spec_target, spec_draft, dra
 
 def test_draft_ahead_is_off_for_a_same_device_draft(spec_target):
     llm = LLM(spec_target, dtype="float32", device="cpu", speculative_model=spec_target,
-              num_speculative_tokens=2, cpu_draft_worker=True)
+              speculative_adaptive="off", num_speculative_tokens=2, cpu_draft_worker=True)
     assert not llm.llm_engine.draft_ahead  # auto: draft and target share the CPU
 
 
@@ -88,7 +90,8 @@ def test_logprobs_with_speculation_equal_plain(spec_target, spec_draft, draft):
     plain = LLM(spec_target, dtype="float32", device="cpu")
     model = {"self": spec_target, "other": spec_draft}[draft]
     llm = LLM(spec_target, dtype="float32", device="cpu", speculative_model=model,
-              num_speculative_tokens=3, cpu_draft_worker=True, speculative_draft_dtype="float32")
+              speculative_adaptive="off", num_speculative_tokens=3,
+              cpu_draft_worker=True, speculative_draft_dtype="float32")
     ref_tokens = generate(plain, PROMPTS[:1])[0]
     stop_id = ref_tokens[12]  # a stop token inside the output: drafts after it are dropped
     for params in (SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True,
@@ -119,7 +122,8 @@ def test_greedy_with_logit_changes_equals_plain(spec_target, extra):
                                                                        **extra})
     plain = LLM(spec_target, dtype="float32", device="cpu")
     llm = LLM(spec_target, dtype="float32", device="cpu", speculative_model=spec_target,
-              num_speculative_tokens=3, cpu_draft_worker=True, speculative_draft_dtype="float32")
+              speculative_adaptive="off", num_speculative_tokens=3,
+              cpu_draft_worker=True, speculative_draft_dtype="float32")
     ref = [o.outputs[0].token_ids for o in plain.generate(PROMPTS[:3], params, use_tqdm=False)]
     outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], params, use_tqdm=False)]
     assert outs == ref

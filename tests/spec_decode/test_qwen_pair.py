@@ -17,6 +17,7 @@ def test_qwen_pair_greedy_equality(qwen05_gguf, qwen15_gguf):
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     common = dict(dtype="float32", device="cpu", max_model_len=512, max_num_seqs=4)
     llm = LLM(str(qwen15_gguf), speculative_model=str(qwen05_gguf), cpu_draft_worker=True,
+              speculative_adaptive="off",
               num_speculative_tokens=4, speculative_draft_dtype="float32", **common)
     engine = llm.llm_engine
     spec = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
