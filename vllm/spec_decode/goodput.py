@@ -191,8 +191,10 @@ class GoodputController:
             plain = self.t_verify.estimate(num_decoding)
             if plain is not None:
                 extra = max(step_s - plain, draft_s)  # at least its drafting, however noisy
-                self.probe_cost = extra if self.probe_cost is None else (
-                    0.8 * self.probe_cost + 0.2 * extra)
+                # a probe after a run of plain steps pays the draft's catch-up on every token
+                # since: the cost rises to what was seen at once and falls back slowly
+                self.probe_cost = extra if self.probe_cost is None else max(
+                    extra, 0.8 * self.probe_cost + 0.2 * extra)
         self.t_verify.record(num_tokens, max(step_s - draft_s, 0.0))
         if decision.k > 0 and draft_measured:
             self.t_draft.record(num_decoding, draft_s / decision.k)
