@@ -71,6 +71,17 @@ class _EngineCollector(Collector):
                 if key in m:
                     name = key.replace("_time_s", "_time_seconds")
                     yield self._counter(f"vllm:spec_decode_{name}", doc, m[key])
+            for key, doc in (("controller_k", "drafts per request the goodput controller chose "
+                              "for the last step (0: plain decoding)"),
+                             ("controller_acceptance", "the controller's acceptance estimate"),
+                             ("controller_modelled_speedup", "modelled tokens/s of the chosen k "
+                              "over plain decoding"),
+                             ("controller_draft_forward_ms", "measured ms of a draft forward "
+                              "(batch 1)"),
+                             ("controller_plain_step_ms", "measured ms of a plain step "
+                              "(batch 1)")):
+                if key in m:
+                    yield self._gauge(f"vllm:spec_decode_{key}", doc, m[key])
 
 
 class ServerMetrics:
