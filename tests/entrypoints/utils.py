@@ -1,7 +1,6 @@
 """RemoteServer: a real `python -m vllm.entrypoints.openai.api_server` process on 127.0.0.1 and a
 free port, started in a test, waited for on /health, and stopped at the end."""
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -11,14 +10,13 @@ from typing import Optional
 
 import httpx
 
+from vllm.distributed.parallel_state import get_open_port
+
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = get_open_port  # a port nothing listens on now
 
 
 class RemoteServer:
