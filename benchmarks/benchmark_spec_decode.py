@@ -28,6 +28,8 @@ from benchmarks.plot_args import add_plot_args, plot_run  # noqa: E402
 from benchmarks.timing import copy_bandwidth_gbps, provenance, write_json  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.engine.step_timer import per_step_ms  # noqa: E402
+from vllm.spec_decode.goodput import GoodputController  # noqa: E402
 from vllm.spec_decode.metrics import SpecDecodeMetrics  # noqa: E402
 from vllm.spec_decode.ngram_proposer import NgramProposer  # noqa: E402
 
@@ -162,29 +164,43 @@ def main(args) -> dict:
     llm = LLM(**engine_kwargs)
     engine = llm.llm_engine
     proposers = build_proposers(llm, names, args)
-    if not args.adaptive:
-        engine.spec.controller = None  # every row measures its k as given
+    engine.spec.controller = None  # every row measures its k as given (goodput rows aside)
     llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     engine.proposer = None  # the same engine without speculation: the baseline
+    timer_before = engine.step_timer.as_dict()
     plain, plain_s = timed_generate(llm, prompts, params, args.batch_size)
     num_tokens = sum(len(o.outputs[0].token_ids) for o in plain)
     num_steps = -(-len(prompts) // args.batch_size) * args.max_tokens
     base = {"proposer": "none", "k": 0, "tokens_per_s": num_tokens / plain_s, "speedup": 1.0,
-            "seconds": plain_s, "step_ms": 1e3 * plain_s / num_steps}
+            "seconds": plain_s, "step_ms": 1e3 * plain_s / num_steps,
+            "engine_steps": per_step_ms(timer_before, engine.step_timer.as_dict())}
     rows = [base]
     runs = [(name, proposer, ahead, k) for name, proposer, ahead in
             variants(proposers, engine.config.device.type) for k in ks]
+    if args.adaptive:  # then each proposer once more, the goodput controller choosing k
+        runs += [(name + "+goodput", proposer, False, max(ks)) for name, proposer, _ in
+                 variants(proposers, engine.config.device.type) if not name.endswith("ahead")]
     for name, proposer, ahead, k in tqdm(runs, desc="proposer x k", disable=len(runs) < 2):
         engine.proposer, engine.draft_ahead = proposer, ahead
         engine.spec_config.num_speculative_tokens = k
+        engine.spec.controller = GoodputController(k) if name.endswith("+goodput") else None
+        # this k's verification graphs are captured here, not in the timed run
+        llm.generate(prompts[:1], SamplingParams(max_tokens=2 * k + 2, ignore_eos=True),
+                     use_tqdm=False)
         engine.spec_metrics = SpecDecodeMetrics()
         stats = getattr(proposer, "ahead_stats", {})
         stats.update(made=0, used=0)
+        timer_before = engine.step_timer.as_dict()
         outs, secs = timed_generate(llm, prompts, params, args.batch_size)
         row = spec_row(name, k, engine.spec_metrics, secs, base, num_tokens)
         row.update(same_prefix(plain, outs), ahead_made=stats.get("made", 0),
-                   ahead_used=stats.get("used", 0))
+                   ahead_used=stats.get("used", 0),
+                   engine_steps=per_step_ms(timer_before, engine.step_timer.as_dict()))
+        if engine.spec.controller is not None:
+            row["controller"] = dict(engine.spec.controller.as_dict(),
+                                     k_histogram=list(engine.spec.controller.k_histogram))
         rows.append(row)
+    engine.spec.controller = None
     prompt_tokens = sum(len(o.prompt_token_ids) for o in plain) / len(plain)
     engine.proposer = next(iter(proposers.values()), None)
     floors = measure_floors(llm, prompt_tokens, args)
@@ -219,6 +235,18 @@ def print_report(result: dict) -> None:
               f"{r.get('verify_ms_per_step', r.get('step_ms', 0)):>10.2f}"
               f"{r['tokens_per_s']:>8.1f}{r['speedup']:>7.2f}x"
               f"{r.get('bound_free_draft', 1.0):>6.2f}x{same:>6}{ahead:>7}")
+    print("engine, ms per step: phases (all steps), prefill / decode step")
+    for r in result["rows"]:
+        e = r.get("engine_steps")
+        if e:
+            phases = " ".join(f"{p[:-3]} {e[p]:.2f}" for p in e if p.endswith("_ms")
+                              and not p.endswith("step_ms") and p not in ("engine_ttft_ms",
+                                                                          "core_io_ms"))
+            prefill = e["prefill_step_ms"] or 0.0
+            print(f"{r['proposer']:<18}{r['k']:>3}  {phases}; prefill {prefill:.2f}, decode "
+                  f"{e['decode_step_ms'] or 0.0:.2f}" + (
+                      f"; k chosen {r['controller']['k_histogram']}" if "controller" in r
+                      else ""))
     print(f"floors: target step {f['target_step_floor_ms']:.2f} ms on {f['device']} "
           f"({f['device_bandwidth_gbps']:.0f} GB/s measured); plain step measured "
           f"{result['rows'][0]['step_ms']:.2f} ms")
@@ -258,7 +286,8 @@ def make_parser() -> argparse.ArgumentParser:
                         help="also time transformers: plain, and assisted with the draft on the "
                              "CPU (batch 1)")
     parser.add_argument("--adaptive", action="store_true",
-                        help="keep the goodput controller on (off: each row runs its k)")
+                        help="also a row per proposer with the goodput controller choosing k "
+                             "(up to the largest of --ks) each step")
     parser.add_argument("--hf-k", type=int, default=4, help="assistant tokens per step for HF")
     parser.add_argument("--hf-num-prompts", type=int, default=4)
     parser.add_argument("--output-json", default=None)

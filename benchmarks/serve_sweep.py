@@ -22,6 +22,7 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import benchmark_serving  # noqa: E402
+from vllm.engine.step_timer import per_step_ms  # noqa: E402
 from tests.entrypoints.utils import free_port  # noqa: E402
 
 DRAFT_FLAGS_WITH_VALUE = {"--speculative-model", "--num-speculative-tokens",
@@ -70,18 +71,32 @@ SPEC_COUNTERS = ("num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens"
                  "num_spec_steps")
 
 
-def spec_counters(port: int) -> dict[str, float]:
-    """The server's spec-decode counters from /metrics (empty without speculation)."""
+def scrape(port: int) -> tuple[dict[str, float], dict]:
+    """The server's spec-decode counters (empty without speculation) and its engine step times
+    (StepTimer.as_dict() form) from /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    out = {}
+    spec: dict[str, float] = {}
+    times: dict = {"phase_s": {}, "steps": {}, "step_s": {}, "first_token_s": 0.0,
+                   "num_first_tokens": 0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            name, labels = sample.name, sample.labels
             for key in SPEC_COUNTERS:
-                if sample.name == f"vllm:spec_decode_{key}_total":
-                    out[key] = sample.value
-    return out
+                if name == f"vllm:spec_decode_{key}_total":
+                    spec[key] = sample.value
+            if name == "vllm:engine_step_phase_seconds_total":
+                times["phase_s"][labels["phase"]] = sample.value
+            elif name == "vllm:engine_steps_total":
+                times["steps"][labels["kind"]] = sample.value
+            elif name == "vllm:engine_step_seconds_total":
+                times["step_s"][labels["kind"]] = sample.value
+            elif name == "vllm:engine_first_token_seconds_total":
+                times["first_token_s"] = sample.value
+            elif name == "vllm:engine_first_tokens_total":
+                times["num_first_tokens"] = sample.value
+    return spec, times
 
 
 def start_server(flags: list[str], port: int, layout: str, log_path: str) -> subprocess.Popen:
@@ -134,9 +149,9 @@ def run_config(args, layout: str, config: str, flags: list[str]) -> list[dict]:
                 "--dataset", args.dataset, "--label", f"{layout} {config}",
                 "--output-json", os.path.join(args.out_dir,
                                               f"serving_{layout}_{config}_c{conc}.json")])
-            before, spec_before = tree_cpu(proc.pid), spec_counters(port)
+            before, (spec_before, times_before) = tree_cpu(proc.pid), scrape(port)
             summary = benchmark_serving.main(bench)
-            after, spec_after = tree_cpu(proc.pid), spec_counters(port)
+            after, (spec_after, times_after) = tree_cpu(proc.pid), scrape(port)
             spec = {k: spec_after[k] - spec_before.get(k, 0) for k in spec_after}
             cpu = {name: {"cpu_s": after[name]["cpu_s"] - before.get(name, {"cpu_s": 0})[
                 "cpu_s"], "cores": after[name]["cores"]} for name in after}
@@ -144,7 +159,10 @@ def run_config(args, layout: str, config: str, flags: list[str]) -> list[dict]:
                          "output_throughput": summary["output_throughput"],
                          "tpot_ms_median": summary["tpot_ms"]["50"],
                          "duration_s": summary["duration_s"], "failed": summary["failed"],
+                         "ttft_ms_mean": summary["ttft_ms"]["mean"],
                          "cpu": cpu, "spec_decode": spec,
+                         # the engine's side of each step, per step (StepTimer)
+                         "engine_steps": per_step_ms(times_before, times_after),
                          # tokens per sequence-step that verified drafts (tau)
                          "tau": (spec["num_emitted_tokens"] / spec["num_spec_steps"]
                                  if spec.get("num_spec_steps") else None)})
@@ -188,6 +206,20 @@ def main() -> None:
         print(f"{r['layout']:<8}{r['config']:<8}{r['concurrency']:>8}"
               f"{r['output_throughput']:>10.1f}{ratio:>10}{r['tpot_ms_median'] or 0:>9.2f}"
               f"{r['tau'] or 0:>6.2f}  {cpu}")
+    print("engine side, ms per step (all steps), per prefill / decode step, and the engine's "
+          "share of TTFT (client TTFT beside it)")
+    for r in rows:
+        e = r["engine_steps"]
+        phases = " ".join(f"{p[:-3]} {e[p]:.2f}" for p in e if p.endswith("_ms") and
+                          not p.endswith("step_ms") and p != "engine_ttft_ms")
+        print(f"{r['layout']:<8}{r['config']:<8}{r['concurrency']:>8}  {phases}; prefill "
+              f"{_ms(e['prefill_step_ms'])} x{e['prefill_steps']:.0f}, decode "
+              f"{_ms(e['decode_step_ms'])} x{e['decode_steps']:.0f}; TTFT engine "
+              f"{_ms(e['engine_ttft_ms'])} client {r['ttft_ms_mean']:.2f}")
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _cores(cores: list[int]) -> str:

@@ -16,6 +16,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -49,6 +50,7 @@ class EngineCore:
         while True:
             busy = self.engine.has_unfinished_requests()
             if self.input.poll(0 if busy else IDLE_POLL_MS):
+                start = time.perf_counter()
                 while True:
                     try:
                         msg = pickle.loads(self.input.recv(zmq.NOBLOCK))
@@ -59,6 +61,7 @@ class EngineCore:
                     self._handle(msg)
                 if not self.engine.has_unfinished_requests():
                     self._send(("stats", self.engine.stats()))
+                self.engine.step_timer.add("core_io", time.perf_counter() - start)
             if self.engine.has_unfinished_requests():
                 self._step()
 
@@ -86,7 +89,9 @@ class EngineCore:
             for request_id in held:
                 self._send(("error", request_id, 500, f"{type(e).__name__}: {e}"))
             return
+        start = time.perf_counter()
         self._send(("outputs", outputs, self.engine.stats()))
+        self.engine.step_timer.add("core_io", time.perf_counter() - start)
 
 
 def _pin_beside_gpu(engine: LLMEngine) -> None:

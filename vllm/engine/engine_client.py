@@ -58,6 +58,7 @@ class EngineStats:
     num_waiting: int = 0
     kv_cache_usage: float = 0.0  # fraction of KV blocks in use
     spec_decode: Optional[dict] = None  # SpecDecodeMetrics.as_dict() and drafter counters
+    step_times: Optional[dict] = None  # StepTimer.as_dict(): where the engine's steps went
 
 
 class EngineClient:

@@ -47,6 +47,7 @@ from vllm.core.request import Request, RequestStatus
 from vllm.core.scheduler import Scheduler, SchedulerOutput
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.detokenizer import Detokenizer, check_stop_strings, check_token_stop
+from vllm.engine.step_timer import StepTimer
 from vllm.engine.tokenizer import get_tokenizer
 from vllm.executor.executor_base import create_executor
 from vllm.logger import init_logger
@@ -91,6 +92,7 @@ class LLMEngine:
         self.eos_token_id = self.tokenizer.eos_token_id
         self.spec_config = config.speculative_config
         self.spec = SpecDecoder(self.config, self.tokenizer)
+        self.step_timer = StepTimer()
 
     @property
     def proposer(self) -> Optional[Proposer]:
@@ -224,7 +226,8 @@ class LLMEngine:
 
         return EngineStats(num_running=len(self.scheduler.running),
                            num_waiting=len(self.scheduler.waiting),
-                           kv_cache_usage=self.block_manager.usage, spec_decode=self.spec.stats())
+                           kv_cache_usage=self.block_manager.usage, spec_decode=self.spec.stats(),
+                           step_times=self.step_timer.as_dict())
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -239,12 +242,18 @@ class LLMEngine:
         request (sampling it, detokenizing, a stop check, formatting its logprobs) finishes that
         request with RequestOutput.error set; a fault of the step as a whole (the forward)
         fails the requests of this step the same way, and later steps serve the rest."""
+        self.step_timer.begin()
         k = self.spec.plan(self.scheduler.running)
         sched_out = self.scheduler.schedule(k)
         if sched_out.is_empty():
             return []
+        self.step_timer.mark("schedule")
+        prefill = any(n > 1 + len(d) for n, d in zip(sched_out.num_scheduled_tokens,
+                                                     sched_out.draft_token_ids))
         try:
-            return self._run_step(sched_out)
+            outputs = self._run_step(sched_out)
+            self.step_timer.end("prefill" if prefill else "decode")
+            return outputs
         except Exception as e:  # noqa: BLE001 - the step's requests hear of it, not the caller
             logger.exception("a step failed; failing its %d requests", len(sched_out.requests))
             message = f"the engine step failed: {type(e).__name__}: {e}"
@@ -252,13 +261,18 @@ class LLMEngine:
             return self._fail_groups(failed)
 
     def _run_step(self, sched_out: SchedulerOutput) -> list[RequestOutput]:
+        timer = self.step_timer
         speculating = self.spec.propose(sched_out)
+        timer.mark("propose")
         start = time.perf_counter()
         result = self.model_executor.execute_model(sched_out, self.spec.ahead_hook(speculating))
+        timer.mark("execute")
         self.scheduler.update(sched_out, result.sampled)
         self.spec.verified(sched_out, result.sampled, time.perf_counter() - start)
+        timer.mark("update")
         outputs = self._make_step_outputs(sched_out, result)
         self.spec.end_step(sched_out)
+        timer.mark("outputs")
         return outputs
 
     def _make_step_outputs(self, sched_out: SchedulerOutput,
@@ -297,6 +311,7 @@ class LLMEngine:
         """Stop checks, text, logprobs and speculation counts of the tokens req just got."""
         if req.first_token_time is None:
             req.first_token_time = now
+            self.step_timer.first_token(now - req.arrival_time)
         status, num_kept = self._append_checked(req, new_ids)
         if i in result.token_logprobs and req.logprobs is not None:
             entries = self._logprob_entries(result.token_logprobs[i],

@@ -3,8 +3,10 @@ sequence brings the same number q of new tokens (q = 1: decode; q = k + 1: a spe
 last token and k drafts) is captured once per (batch size, q) over static input buffers, and each
 such step of up to that many sequences copies its inputs in and replays the graph: one launch
 instead of hundreds. Decode graphs (batch sizes 1, 2, 4, 8, then steps of 8) are captured at
-start; verification graphs for q up to max_query_len when a batch first needs them. Padded rows
-write nowhere (slot -1), attend only to themselves, and their outputs are dropped."""
+start with those of a full verification (q = max_query_len), shorter verifications when a batch
+first needs them. Padded rows write nowhere (slot -1), attend only to themselves, and their
+outputs are dropped."""
+import time
 from typing import Optional
 
 import torch
@@ -71,12 +73,20 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
+        """Decode graphs and, with speculation, the graphs of a full-length verification
+        (q = max_query_len) for every batch size: captured mid-serving, each would stall every
+        running request (tens of ms at the 7B shape) whenever the batch reached a new size.
+        Shorter verifications (the controller's smaller k) are captured on first use."""
+        start = time.perf_counter()
+        qs = sorted({1, self.max_query_len}, reverse=True)
         for b in reversed(self.sizes):  # largest first, so smaller graphs reuse its pool
-            self._capture_one(b, 1)
+            for q in qs:
+                self._capture_one(b, q)
         torch.cuda.synchronize()
-        logger.info("captured CUDA graphs for decode batch sizes %s%s", self.sizes,
-                    f"; verification graphs (up to {self.max_query_len} tokens per sequence) "
-                    "are captured on first use" if self.max_query_len > 1 else "")
+        logger.info("captured CUDA graphs for batch sizes %s and %s tokens per sequence in "
+                    "%.1f s%s", self.sizes, qs[::-1], time.perf_counter() - start,
+                    f"; verifications of 2..{self.max_query_len - 1} tokens per sequence are "
+                    "captured on first use" if self.max_query_len > 2 else "")
 
     def can_run(self, num_seqs: int, md: AttentionMetadata) -> bool:
         q = md.query_lens[0]

@@ -48,6 +48,7 @@ class _EngineCollector(Collector):
         for reason in ("stop", "length", "abort"):
             done.add_metric([*self.labels.values(), reason], eng.counters.finished[reason])
         yield done
+        yield from self._step_times(stats.step_times)
         m = stats.spec_decode
         if m is not None:
             yield self._gauge("vllm:spec_decode_draft_acceptance_rate",
@@ -82,6 +83,32 @@ class _EngineCollector(Collector):
                               "(batch 1)")):
                 if key in m:
                     yield self._gauge(f"vllm:spec_decode_{key}", doc, m[key])
+
+
+    def _step_times(self, t: Optional[dict]) -> Iterator[Metric]:
+        """The engine's StepTimer: seconds per step phase and per step kind."""
+        if t is None:
+            return
+        names, values = list(self.labels), list(self.labels.values())
+        phases = CounterMetricFamily("vllm:engine_step_phase_seconds", "seconds the engine "
+                                     "spent in each phase of its steps", labels=[*names, "phase"])
+        for phase, seconds in t["phase_s"].items():
+            phases.add_metric([*values, phase], seconds)
+        yield phases
+        steps = CounterMetricFamily("vllm:engine_steps", "engine steps by kind (prefill: a "
+                                    "prompt is in the step)", labels=[*names, "kind"])
+        step_s = CounterMetricFamily("vllm:engine_step_seconds", "seconds of engine steps by "
+                                     "kind", labels=[*names, "kind"])
+        for kind in t["steps"]:
+            steps.add_metric([*values, kind], t["steps"][kind])
+            step_s.add_metric([*values, kind], t["step_s"][kind])
+        yield steps
+        yield step_s
+        yield self._counter("vllm:engine_first_token_seconds", "sum over requests of the time "
+                            "from the engine receiving one to its first token",
+                            t["first_token_s"])
+        yield self._counter("vllm:engine_first_tokens", "requests that got their first token",
+                            t["num_first_tokens"])
 
 
 class ServerMetrics:
