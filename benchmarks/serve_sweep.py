@@ -8,7 +8,8 @@ during each run and the cores it may run on. Prints one table last; writes one J
     python benchmarks/serve_sweep.py --out-dir out -- MODEL --speculative-model DRAFT \
         --num-speculative-tokens 3 --cpu-draft-worker [engine flags]
 
-The draft flags apply to the `draft` configuration only; `plain` drops them."""
+The draft flags apply to the `draft` configuration only; `plain` drops them; `goodput` is
+`draft` with the goodput controller on."""
 import argparse
 import json
 import os
@@ -42,6 +43,14 @@ def plain_flags(flags: list[str]) -> list[str]:
         elif flag not in DRAFT_SWITCHES:
             out.append(flag)
     return out
+
+
+def goodput_flags(flags: list[str]) -> list[str]:
+    """The draft flags with the goodput controller on (whatever --speculative-adaptive said)."""
+    out = list(flags)
+    if "--speculative-adaptive" in out:
+        del out[out.index("--speculative-adaptive"):out.index("--speculative-adaptive") + 2]
+    return out + ["--speculative-adaptive", "on"]
 
 
 def role(proc: psutil.Process) -> str:
@@ -179,7 +188,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                         default=[1, 4, 16, 64])
     parser.add_argument("--layouts", default="mp,inproc")
-    parser.add_argument("--configs", default="plain,draft")
+    parser.add_argument("--configs", default="plain,draft",
+                        help="plain, draft (the flags as given), goodput (the draft flags with "
+                             "--speculative-adaptive on)")
     parser.add_argument("--prompts-per-client", type=int, default=4)
     parser.add_argument("--min-prompts", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=64)
@@ -190,7 +201,8 @@ def main() -> None:
     rows = []
     for layout in args.layouts.split(","):
         for config in args.configs.split(","):
-            flags = server_flags if config == "draft" else plain_flags(server_flags)
+            flags = {"plain": plain_flags, "draft": list,
+                     "goodput": goodput_flags}[config](server_flags)
             rows += run_config(args, layout, config, flags)
     with open(os.path.join(args.out_dir, "serve_sweep.json"), "w") as f:
         json.dump({"command": sys.argv, "rows": rows}, f, indent=1)

@@ -4,6 +4,8 @@
 # ones included: dispatch shown in one process), then the benchmarks.
 #   bash scripts/gpu_check.sh [all|test|bench|spec|draft|pair|tp, or a comma list: test,tp] [OUT_DIR]
 #   (tp: TP_SIZE GPUs, default 2: tensor-parallel greedy equality and latency; skipped with fewer)
+#   (goodput: a never-accepted CPU draft vs plain at GOODPUT_BATCHES; profile: the target step
+#   by kernel at PROFILE_SHAPES x PROFILE_BATCHES, benchmarks/profile_step.py)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too, PAIR_SHAPE=llama-2-13b for another target shape;
 #   serve: the pair served plain and with its CPU draft, engine core in its own process and on
@@ -38,8 +40,12 @@ nvcc --version | tail -1
 
 echo "== build"
 start=$(date +%s)
-"$PY" -m pip install --no-build-isolation --no-deps --no-index -e . > "$OUT_DIR/build.log" 2>&1 \
-  || { tail -60 "$OUT_DIR/build.log"; exit 1; }
+if [ -n "${VLLM_SKIP_BUILD:-}" ]; then  # a later invocation in the same machine
+  echo "build skipped (VLLM_SKIP_BUILD)"
+else
+  "$PY" -m pip install --no-build-isolation --no-deps --no-index -e . > "$OUT_DIR/build.log" 2>&1 \
+    || { tail -60 "$OUT_DIR/build.log"; exit 1; }
+fi
 echo "build took $(( $(date +%s) - start )) s (CXX=${CXX:-unset})"
 grep -E "^CMAKE_(CXX_COMPILER|CUDA_HOST_COMPILER):" build/cmake-cuda/CMakeCache.txt
 # an error raised inside the extension must come back as a Python exception (a libstdc++ copy
@@ -156,7 +162,7 @@ if want pair; then
   echo "== spec decode sweep: trained 7B-shape target (GPU), trained draft (CPU / GPU), n-gram"
   "$PY" benchmarks/benchmark_spec_decode.py --model /tmp/pair7b/target \
     --speculative-model /tmp/pair7b/draft --cpu-draft-worker --dtype bfloat16 \
-    --proposers "${PAIR_PROPOSERS:-draft,draft-gpu,ngram}" --ks "${PAIR_KS:-1,2,3,4,6,8}" \
+    --proposers "${PAIR_PROPOSERS:-draft,draft-gpu,ngram}" --ks "${PAIR_KS:-1,2,3,4,6,8}" ${PAIR_ADAPTIVE:+--adaptive} \
     --num-prompts 6 --batch-size 1 --max-tokens 128 --max-model-len 2048 \
     --gpu-memory-utilization 0.6 ${PAIR_HF---hf-baseline --hf-num-prompts 2} \
     --output-json "$OUT_DIR/spec_pair7b.json" > "$OUT_DIR/spec_pair7b.log" 2>&1 || status=1
@@ -169,11 +175,39 @@ if want pair; then
     grep -v "INFO\|WARNING\|it/s\]" "$OUT_DIR/serve_pair.log" | tail -16
   fi
 fi
+if want goodput; then
+  echo "== a never-accepted draft (random llama-68m shape on the CPU, random 7B-shape target),"
+  echo "   k = 4, default settings (goodput controller on): plain vs speculative, 128 tokens"
+  "$PY" -m benchmarks.model_shapes llama-2-7b /tmp/llama-2-7b > /dev/null 2>&1
+  "$PY" -m benchmarks.model_shapes llama-68m /tmp/llama-68m > /dev/null 2>&1
+  for bs in ${GOODPUT_BATCHES:-1 8 32}; do
+    for mode in plain spec; do
+      flags=""
+      [ $mode = spec ] && flags="--speculative-model /tmp/llama-68m --cpu-draft-worker --num-speculative-tokens 4"
+      echo "-- batch $bs, $mode"
+      "$PY" benchmarks/benchmark_latency.py --model /tmp/llama-2-7b --load-format dummy \
+        --dtype bfloat16 --max-model-len 1024 $flags --batch-size $bs --input-len 128 \
+        --output-len 128 --num-iters 3 --temperature 0 --max-num-seqs 32 \
+        --output-json "$OUT_DIR/goodput_never_${mode}_b$bs.json" 2>&1 | grep -v "it/s\]" | tail -3
+    done
+  done
+fi
+if want profile; then
+  echo "== the target step by kernel: decode (q=1) and verification (q=5), 7B / 13B / 34B shapes"
+  for shape in ${PROFILE_SHAPES:-llama-2-7b llama-2-13b codellama-34b}; do
+    "$PY" -m benchmarks.model_shapes $shape /tmp/$shape > /dev/null 2>&1
+    echo "-- $shape"
+    "$PY" benchmarks/profile_step.py --model /tmp/$shape --load-format dummy --dtype bfloat16 \
+      --max-model-len 1024 --gpu-memory-utilization 0.8 --shapes "${PROFILE_BATCHES:-1x1,1x5,16x1,16x5,32x1}" \
+      --output-json "$OUT_DIR/profile_$shape.json" > "$OUT_DIR/profile_$shape.log" 2>&1 || status=1
+    grep -v "INFO\|WARNING" "$OUT_DIR/profile_$shape.log" | tail -48
+  done
+fi
 if want serve; then
   echo "== serving sweep: the trained pair, plain vs CPU draft, engine core in-process vs own process"
   [ -d /tmp/pair7b/target ] || { echo "serve needs the pair stage first"; exit 1; }
   "$PY" benchmarks/serve_sweep.py --out-dir "$OUT_DIR/serve" --concurrency "${SERVE_CLIENTS:-1,4,16,64}" \
-    --layouts "${SERVE_LAYOUTS:-mp,inproc}" --output-len 64 -- /tmp/pair7b/target --dtype bfloat16 \
+    --layouts "${SERVE_LAYOUTS:-mp,inproc}" --configs "${SERVE_CONFIGS:-plain,draft}" --output-len 64 -- /tmp/pair7b/target --dtype bfloat16 \
     --max-model-len 2048 --max-num-seqs 64 --gpu-memory-utilization 0.6 \
     --speculative-model /tmp/pair7b/draft --cpu-draft-worker --num-speculative-tokens "${SERVE_K:-3}" \
     --speculative-adaptive "${SERVE_ADAPTIVE:-off}" > "$OUT_DIR/serve_sweep.log" 2>&1 || status=1
