@@ -1,10 +1,11 @@
 """MPEngineClient: the API server's side of an engine core running in its own process
-(vllm/engine/core_proc.py). This process keeps HTTP, tokenization (off the event loop) and
-streaming; the core process owns the scheduler and the model, so neither the server's Python nor
+(vllm/engine/core_proc.py). This process keeps HTTP, tokenization (off the event loop),
+detokenization (StreamDetokenizer: the core sends token ids) and streaming; the core process owns the scheduler and the model, so neither the server's Python nor
 its threads compete with the GPU's launch thread or the CPU draft.
 
     generate()  tokenize on a thread -> ("add", ...) to the core -> the request's queue is fed
-                by the output task from the core's per-step output batches
+                by the output task from the core's per-step output batches, their text made
+                here
     supervisor  polls the core process; if it exits, every request fails, dead_error is set and
                 on_dead() tells the server to exit non-zero
     shutdown()  ("shutdown",) then SIGTERM, then SIGKILL: the core stops its draft process"""
@@ -19,6 +20,7 @@ import zmq.asyncio
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.engine_client import EngineClient, EngineStats, RequestFailedError
+from vllm.engine.stream_detokenizer import StreamDetokenizer
 from vllm.engine.tokenizer import get_tokenizer
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.loader import resolve_config
@@ -38,6 +40,7 @@ class MPEngineClient(EngineClient):
         super().__init__(config.model_config.max_model_len,
                          config.scheduler_config.max_num_seqs, max_waiting_requests)
         self.tokenizer = get_tokenizer(config.model_config)
+        self._detokenizer = StreamDetokenizer(self.tokenizer)
         self._stats = EngineStats()
         self._unstarted: set[str] = set()  # sent, no output yet: waiting in the core
         self._live: set[str] = set()  # sent, not finished
@@ -116,6 +119,7 @@ class MPEngineClient(EngineClient):
             self._unstarted.discard(request_id)
             return False
         self._live.add(request_id)
+        self._detokenizer.add(request_id, params)
         await self._send(("add", request_id, prompt, params))
         return True
 
@@ -137,6 +141,7 @@ class MPEngineClient(EngineClient):
 
     def _send_abort(self, request_id: str) -> None:
         self._unstarted.discard(request_id)
+        self._detokenizer.free(request_id)
         if request_id not in self._live:
             return
         self._live.discard(request_id)
@@ -158,11 +163,13 @@ class MPEngineClient(EngineClient):
                     self._unstarted.discard(output.request_id)
                     if output.finished:
                         self._live.discard(output.request_id)
+                    self._detokenizer.process(output)
                 self._dispatch(outputs)
             elif kind == "error":
                 request_id, status, message = args
                 self._unstarted.discard(request_id)
                 self._live.discard(request_id)
+                self._detokenizer.free(request_id)
                 error = (ValueError(message) if status == 400 else
                          RequestFailedError(f"request {request_id} failed: {message}"))
                 self._fail_request(request_id, error)

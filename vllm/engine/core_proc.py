@@ -4,6 +4,8 @@ which may start its own draft process) driven by messages from the API server's 
     client -> core (ZMQ PUSH/PULL)   ("add", request_id, prompt, params) | ("abort", [ids])
                                      | ("shutdown",)
     core -> client (ZMQ PUSH/PULL)   ("outputs", [RequestOutput], EngineStats) after each step
+                                       (token ids; text only for requests with stop strings:
+                                       the client detokenizes the rest)
                                      | ("error", request_id, status, message): the request
                                        failed alone (400: bad input, 500: our bug)
                                      | ("stats", EngineStats) after adds/aborts with no step
@@ -120,6 +122,7 @@ def _core_main() -> None:
         conn.send((kind, f"{type(e).__name__}: {e}" if kind == "error" else str(e),
                    traceback.format_exc()))
         return
+    engine.detokenize_all = False  # the API server makes the text (StreamDetokenizer)
     _pin_beside_gpu(engine)
     ctx = zmq.Context()
     try:

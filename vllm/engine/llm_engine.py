@@ -16,7 +16,10 @@ What a request passes through, who owns it, and where it lives:
                                            parallelism on every rank's Worker, rank 0 samples
     3. Scheduler.update()                  appends tokens, advances num_computed_tokens (CPU)
     4. Detokenizer + check_stop()          text grows, stop conditions end requests; finished
-                                           requests' KV blocks go back to the BlockManager
+                                           requests' KV blocks go back to the BlockManager (in
+                                           an engine core process only requests with stop
+                                           strings get text here; the API server's
+                                           StreamDetokenizer makes the rest)
     5. RequestOutput                       engine -> caller (CPU)
 
 With speculative decoding (speculative_model set; SpecDecoder owns all of it) a step becomes:
@@ -48,6 +51,7 @@ from vllm.core.scheduler import Scheduler, SchedulerOutput
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.detokenizer import Detokenizer, check_stop_strings, check_token_stop
 from vllm.engine.step_timer import StepTimer
+from vllm.engine.stream_detokenizer import text_in_engine
 from vllm.engine.tokenizer import get_tokenizer
 from vllm.executor.executor_base import create_executor
 from vllm.logger import init_logger
@@ -88,6 +92,9 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.cache_config.block_size)
         self.scheduler = Scheduler(config.scheduler_config, self.block_manager, mc.max_model_len)
         self.detokenizer = Detokenizer(self.tokenizer)
+        # False in an engine core process: only requests with stop strings get their text here,
+        # the API server detokenizes the rest (vllm/engine/stream_detokenizer.py)
+        self.detokenize_all = True
         self.groups: dict[str, _RequestGroup] = {}
         self.eos_token_id = self.tokenizer.eos_token_id
         self.spec_config = config.speculative_config
@@ -360,6 +367,8 @@ class LLMEngine:
                 del req.output_token_ids[base + j + 1:]
                 new_ids = new_ids[:j + 1]
                 break
+        if not (self.detokenize_all or text_in_engine(req.sampling_params)):
+            return status, len(new_ids)  # the caller makes the text (StreamDetokenizer)
         new_text = self.detokenizer.decode_new_tokens(req, new_ids)
         return check_stop_strings(req, new_text) or status, len(new_ids)
 
