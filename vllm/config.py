@@ -99,6 +99,12 @@ class SpeculativeConfig:
         "on", "goodput controller: pick k (0 = plain decoding) and drafting ahead each step "
         "from measured costs and acceptance; off: always the configured k (ours)",
         choices=["on", "off"])
+    speculative_batch_split: str = doc(
+        "auto", "batched overlap: with 2+ decoding requests, verify one half on the target "
+        "while the draft process drafts the other, then swap: auto (when the goodput "
+        "controller models that it pays; needs a draft process), on (whenever 2+ requests "
+        "decode and the draft runs in its own process), off (ours)",
+        choices=["auto", "on", "off"])
     speculative_draft_process: str = doc(
         "auto", "run a CPU draft model in its own process (own threads and cores, no shared "
         "GIL): auto (when the target is on a GPU), on, off (ours)",
@@ -162,6 +168,9 @@ class SpeculativeConfig:
         if self.speculative_draft_ahead not in ("auto", "on", "off"):
             raise ValueError(f"speculative_draft_ahead must be auto, on or off, got "
                              f"{self.speculative_draft_ahead!r}")
+        if self.speculative_batch_split not in ("auto", "on", "off"):
+            raise ValueError(f"speculative_batch_split must be auto, on or off, got "
+                             f"{self.speculative_batch_split!r}")
         if self.speculative_draft_timeout <= 0:
             raise ValueError(f"speculative_draft_timeout must be > 0, got "
                              f"{self.speculative_draft_timeout}")

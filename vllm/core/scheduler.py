@@ -71,15 +71,22 @@ class Scheduler:
     def num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def schedule(self, num_lookahead: int = 0) -> SchedulerOutput:
+    def schedule(self, num_lookahead: int = 0,
+                 resting: Iterable[str] = ()) -> SchedulerOutput:
         """num_lookahead: KV slots (and token budget) to reserve past the last token of each
-        decoding request, for the k drafts of speculative decoding."""
+        decoding request, for the k drafts of speculative decoding. resting: ids of running
+        requests left out of this step (batched overlap: their drafts are being made while
+        the others are verified); they keep their KV blocks."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        resting = set(resting)
         # 1. running requests first, oldest first; preempt the newest when blocks run out
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.req_id in resting:
+                i += 1
+                continue
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             decoding = req.num_computed_tokens == req.num_tokens - 1
             lookahead = min(num_lookahead, self.max_model_len - req.num_tokens,

@@ -23,13 +23,17 @@ What a request passes through, who owns it, and where it lives:
     5. RequestOutput                       engine -> caller (CPU)
 
 With speculative decoding (speculative_model set; SpecDecoder owns all of it) a step becomes:
-    0. SpecDecoder.plan() -> k             the goodput controller's k for this step (0: plain)
-    1. Scheduler.schedule(k)               also reserves k KV slots past each decoding request
+    0. SpecDecoder.plan() -> k             the goodput controller's k for this step (0: plain),
+                                           and whether to split the batch (batched overlap)
+    1. Scheduler.schedule(k)               also reserves k KV slots past each decoding request;
+                                           in a split step the resting half sits out
     1b. Proposer.propose() -> handle       drafts (n-gram lookup, or the draft model on its own
                                            device: the CPU with cpu_draft_worker, its own KV,
                                            in its own process beside a GPU target:
                                            spec_decode/draft_process.py); the engine waits on
-                                           the handle only here
+                                           the handle only here. A split step takes the drafts
+                                           made during the previous step and sends the resting
+                                           half to be drafted during this one
     2. Worker.execute_model()              ONE target forward over [last token, d1..dk] per
                                            request; RejectionSampler keeps a prefix of the
                                            drafts and adds one target token (lossless)
@@ -251,7 +255,7 @@ class LLMEngine:
         fails the requests of this step the same way, and later steps serve the rest."""
         self.step_timer.begin()
         k = self.spec.plan(self.scheduler.running)
-        sched_out = self.scheduler.schedule(k)
+        sched_out = self.scheduler.schedule(k, [r.req_id for r in self.spec.resting])
         if sched_out.is_empty():
             return []
         self.step_timer.mark("schedule")

@@ -7,7 +7,8 @@ One message per engine step goes down the pipe, one comes back:
 
     engine -> drafter   DraftStep: frees, accepts, token-id deltas of the mirrored requests,
                         which requests to draft for (and how many tokens), draft ahead or not
-    drafter -> engine   ("drafts", ids per request, draft probs per request or None)
+    drafter -> engine   ("drafts", ids per request, draft probs per request or None, seconds
+                        the drafter spent drafting them)
                         then, with drafting ahead, the drafter drafts past its proposal while the
                         engine verifies it; the next DraftStep is read once that is done
 
@@ -115,7 +116,7 @@ def _drafter_main() -> None:
 
 
 def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
-                step: DraftStep) -> tuple[list[list[int]], list]:
+                step: DraftStep) -> tuple[list[list[int]], list, float]:
     for req_id in step.frees:
         proposer.free(req_id)
         mirrors.pop(req_id, None)
@@ -128,9 +129,10 @@ def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
         else:
             mirrors[sync.req_id].apply(sync)
     reqs = [mirrors[req_id] for req_id, _ in step.proposals]
+    start = time.perf_counter()
     proposal = proposer.propose(reqs, [k for _, k in step.proposals]).result()
     probs = [p.numpy() if p is not None else None for p in proposal.draft_probs]
-    return proposal.draft_token_ids, probs
+    return proposal.draft_token_ids, probs, time.perf_counter() - start
 
 
 class DraftProcessProposer(Proposer):
@@ -287,9 +289,9 @@ class DraftProcessProposer(Proposer):
                            "speculation", value[0])
             return empty
         self.consecutive_failures = 0
-        draft_ids, probs = value
+        draft_ids, probs, seconds = value
         return Proposal(draft_ids, [torch.from_numpy(p) if p is not None else None
-                                    for p in probs])
+                                    for p in probs], seconds)
 
     def accept(self, req: Request, num_accepted: int) -> None:
         self.pending.accepts.append((req.req_id, num_accepted))

@@ -16,10 +16,20 @@ When k = 0 wins, a one-token probe (k = 1) is taken now and then to measure acce
 probes are paid from a budget of `probe_fraction` of the time spent, so a useless draft costs
 about that much. Decisions change only how fast tokens come, never which: greedy and
 rejection-sampled verification are lossless. A step with a seeded request uses the configured
-K, so that a seeded request's draws do not depend on timing."""
+K, so that a seeded request's draws do not depend on timing.
+
+Batched overlap (`can_split`, the draft in its own process): a split step verifies half the
+batch while the drafter drafts the other half, then the halves swap; it takes
+    t_split(k, B) = max(k * t_draft(B/2), t_verify(B/2 * (k + 1)))
+for half the batch's tokens, and is chosen when that models more goodput than any unsplit k
+(by SPLIT_MARGIN): when drafting a whole batch costs about as much as verifying it."""
 import math
 from dataclasses import dataclass
 from typing import Optional
+
+
+# a split step must model this much more goodput than the best unsplit step to be chosen
+SPLIT_MARGIN = 0.05
 
 
 class CostCurve:
@@ -39,6 +49,10 @@ class CostCurve:
         else:
             point[0] = self.decay * point[0] + (1 - self.decay) * size
             point[1] = self.decay * point[1] + (1 - self.decay) * seconds
+
+    def measured(self, size: float) -> bool:
+        """Whether size's bucket holds a measurement."""
+        return round(2 * math.log2(max(size, 1))) in self.points
 
     def estimate(self, size: float) -> Optional[float]:
         pts = sorted(self.points.values())
@@ -84,6 +98,7 @@ class Decision:
     draft_ahead: bool = False
     probe: bool = False  # k = 1 taken to measure acceptance, not because the model chose it
     modelled_speedup: Optional[float] = None  # goodput(k) / goodput(0), when both are modelled
+    split: bool = False  # batched overlap: half the batch verifies while the other half drafts
 
 
 class GoodputController:
@@ -108,6 +123,9 @@ class GoodputController:
         self.last = Decision(0)
         self.num_probes = 0
         self.k_histogram = [0] * (max_k + 1)
+        # batched overlap may be chosen (the draft runs in its own process, beside the target)
+        self.can_split = False
+        self.num_split_steps = 0
 
     # estimates
 
@@ -133,6 +151,29 @@ class GoodputController:
         t = self.step_seconds(k, len(alphas))
         return None if t is None else sum(expected_tokens(a, k) for a in alphas) / t
 
+    def split_step_seconds(self, k: int, batch: int) -> Optional[float]:
+        """Modelled seconds of a split step: half the batch is verified (k drafts each) while
+        the draft process drafts k for the other half; the slower of the two sets the pace."""
+        half, other = batch - batch // 2, batch // 2
+        plain = self.t_verify.estimate(half)
+        verify = self.t_verify.estimate(half * (k + 1))
+        draft = self.t_draft.estimate(other)
+        if plain is None or verify is None or draft is None:
+            return None
+        if not self.t_draft.measured(other):
+            # never measured at this batch: optimistically proportional to the whole batch's
+            # cost, so that one split is tried; its measurement then corrects the model
+            draft = min(draft, self.t_draft.estimate(batch) * other / batch)
+        return max(k * draft, max(plain, verify))
+
+    def split_goodput(self, k: int, alphas: list[float]) -> Optional[float]:
+        """Tokens per second of split steps: each emits the tokens of half the batch."""
+        t = self.split_step_seconds(k, len(alphas))
+        if t is None:
+            return None
+        half = len(alphas) - len(alphas) // 2
+        return sum(expected_tokens(a, k) for a in alphas) / len(alphas) * half / t
+
     # decisions
 
     def decide(self, req_ids: list[str], seeded: bool) -> Decision:
@@ -153,6 +194,10 @@ class GoodputController:
             return Decision(0)  # measure a plain step first: it costs nothing extra
         rates = [plain] + [self.goodput(k, alphas) for k in range(1, self.max_k + 1)]
         k = max(range(len(rates)), key=lambda i: (rates[i], -i))
+        split = self._best_split(alphas)
+        if split is not None and split[1] > rates[k] * (1 + SPLIT_MARGIN):
+            self.num_split_steps += 1
+            return Decision(split[0], False, False, split[1] / plain, split=True)
         if k > 0:
             return Decision(k, self._draft_ahead(k, alphas), False, rates[k] / plain)
         cost = self.probe_cost
@@ -164,6 +209,18 @@ class GoodputController:
             self.num_probes += 1
             return Decision(1, False, True, 1.0)
         return Decision(0, False, False, 1.0)
+
+    def _best_split(self, alphas: list[float]) -> Optional[tuple[int, float]]:
+        """(k, modelled tokens/s) of the best split step, or None when splitting is not an
+        option (fewer than 2 decoding requests, no draft process) or not modelled yet."""
+        if not self.can_split or len(alphas) < 2:
+            return None
+        best = None
+        for k in range(1, self.max_k + 1):
+            rate = self.split_goodput(k, alphas)
+            if rate is not None and (best is None or rate > best[1]):
+                best = (k, rate)
+        return best
 
     def _draft_ahead(self, k: int, alphas: list[float]) -> bool:
         """Drafting k + 1 ahead during the verification saves the next proposal (k forwards)
@@ -196,10 +253,15 @@ class GoodputController:
                 self.probe_cost = extra if self.probe_cost is None else max(
                     extra, 0.8 * self.probe_cost + 0.2 * extra)
         self.t_verify.record(num_tokens, max(step_s - draft_s, 0.0))
-        if decision.k > 0 and draft_measured:
+        if decision.k > 0 and draft_measured and not decision.split:
             self.t_draft.record(num_decoding, draft_s / decision.k)
         if decision.k == 0:
             self.probe_credit += self.probe_fraction * step_s
+
+    def record_draft(self, num_requests: int, seconds_per_forward: float) -> None:
+        """A draft forward over num_requests took this long, as the drafter measured it (a
+        split step's drafting overlaps the verification: the engine's wait does not show it)."""
+        self.t_draft.record(num_requests, seconds_per_forward)
 
     def record_verdict(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
         """A verification of req_id's num_drafts drafts accepted num_accepted of them."""
@@ -221,5 +283,7 @@ class GoodputController:
                 "controller_modelled_speedup": last.modelled_speedup or 1.0,
                 "controller_draft_ahead": int(last.draft_ahead),
                 "controller_num_probes": self.num_probes,
+                "controller_split": int(last.split),
+                "controller_num_split_steps": self.num_split_steps,
                 "controller_draft_forward_ms": 1e3 * draft if draft is not None else 0.0,
                 "controller_plain_step_ms": 1e3 * verify if verify is not None else 0.0}

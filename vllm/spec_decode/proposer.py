@@ -19,6 +19,9 @@ class Proposal:
     # per request: the draft distribution p [num_drafts, vocab_size] each token was drawn from,
     # or None when the proposal is deterministic (greedy drafts, n-gram lookup)
     draft_probs: list[Optional[torch.Tensor]] = field(default_factory=list)
+    # seconds the proposer computed for, where it knows (a draft process measures its own
+    # drafting, which the engine's wait does not show when it overlaps the verification)
+    seconds: Optional[float] = None
 
 
 class ProposalHandle:

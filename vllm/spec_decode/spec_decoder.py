@@ -3,11 +3,13 @@ proposer (n-gram lookup, the draft model in this process or its own), the goodpu
 (k per step, drafting ahead), the proposer's faults (a failing proposer costs speculation, never
 a request) and the metrics. With no speculative model every method is a no-op and k is 0.
 
-Per step the engine calls: plan() -> k (KV slots the scheduler reserves per decoding request),
-propose() (drafts into those slots), ahead_hook() (work to overlap with the verification),
+Per step the engine calls: plan() -> k (KV slots the scheduler reserves per decoding request;
+`resting`: requests left out of a split step), propose() (drafts into those slots; in a split
+step it also sends the resting requests to be drafted during the verification), ahead_hook() (work to overlap with the verification),
 verified() (the target's verdict: rolls the drafter back, informs the controller),
 record_emitted() per request (what a stop left of its tokens), end_step()."""
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from vllm.config import VllmConfig
@@ -17,9 +19,17 @@ from vllm.logger import init_logger
 from vllm.spec_decode.goodput import Decision, GoodputController
 from vllm.spec_decode.metrics import SpecDecodeMetrics
 from vllm.spec_decode.ngram_proposer import NgramProposer
-from vllm.spec_decode.proposer import Proposer
+from vllm.spec_decode.proposer import ProposalHandle, Proposer
 
 logger = init_logger(__name__)
+
+
+@dataclass
+class _Inflight:
+    """Drafts being made for resting requests while the target verifies the others."""
+    handle: ProposalHandle
+    req_ids: list[str]
+    k: int
 
 
 class SpecDecoder:
@@ -37,6 +47,11 @@ class SpecDecoder:
             self.controller = GoodputController(
                 spec.num_speculative_tokens,
                 draft_ahead_overlaps=self.draft_ahead and spec.speculative_draft_ahead == "auto")
+            self.controller.can_split = (spec.speculative_batch_split == "auto"
+                                         and self.proposer.runs_in_own_process)
+        # batched overlap: the drafts being made during this step for the resting requests
+        self.inflight: Optional[_Inflight] = None
+        self.resting: list[Request] = []
         self.metrics = SpecDecodeMetrics()
         self.decision = Decision(0)
         self._step_start = 0.0
@@ -106,35 +121,107 @@ class SpecDecoder:
             self.decision = self.controller.decide(decoding, seeded)
             if self.spec_config.speculative_draft_ahead == "on" and not self.decision.probe:
                 self.decision.draft_ahead = self.draft_ahead
+        self.resting = self._plan_split(running)
         return self.decision.k
 
+    def _plan_split(self, running: list[Request]) -> list[Request]:
+        """The decoding requests to draft during this step's verification (batched overlap),
+        left out of the step: those not drafted during the previous one. The first split step
+        verifies the first half (drafted now, synchronously)."""
+        mode = self.spec_config.speculative_batch_split
+        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
+        split = (self.decision.k > 0 and len(decoding) >= 2 and self.proposer is not None
+                 and self.proposer.runs_in_own_process
+                 and (mode == "on" or (mode == "auto" and self.decision.split)))
+        if not split:
+            self.decision.split = False
+            return []
+        self.decision.split = True
+        self.decision.draft_ahead = False  # the drafter is busy with the other half
+        drafted = set(self.inflight.req_ids) if self.inflight is not None else set()
+        verified = [r for r in decoding if r.req_id in drafted] or decoding[:len(decoding) // 2]
+        verified_ids = {r.req_id for r in verified}
+        return [r for r in decoding if r.req_id not in verified_ids]
+
     def propose(self, out: SchedulerOutput) -> bool:
-        """Asks the proposer for drafts into the reserved lookahead slots; False if none came."""
-        idx = [i for i, n in enumerate(out.num_lookahead) if n > 0]
-        if self.proposer is None or not idx:
+        """Puts drafts into the reserved lookahead slots: those made during the previous step
+        (batched overlap), else the proposer's, waited for now; then, in a split step, sends
+        the resting requests to be drafted during this step's verification. False if no
+        drafts came."""
+        if self.proposer is None:
             return False
         start = time.perf_counter()
-        reqs = [out.requests[i] for i in idx]
-        try:
-            proposal = self.proposer.propose(reqs, [out.num_lookahead[i] for i in idx]).result()
-            self._check_proposal(proposal, len(idx))
-        except Exception:  # noqa: BLE001 - the step goes on without speculation
-            logger.exception("the proposer failed; this step runs without speculation")
-            self.free(reqs)
-            return False
-        for i, drafts, probs in zip(idx, proposal.draft_token_ids, proposal.draft_probs):
+        ready = self._collect_inflight()
+        idx = [i for i, n in enumerate(out.num_lookahead) if n > 0]
+        need = [i for i in idx if out.requests[i].req_id not in ready]
+        if need:
+            ready.update(self._propose_now([out.requests[i] for i in need],
+                                           [out.num_lookahead[i] for i in need]))
+        for i in idx:
+            drafts, probs = ready.pop(out.requests[i].req_id, ([], None))
             drafts = drafts[:out.num_lookahead[i]]
             out.draft_token_ids[i] = drafts
             out.num_scheduled_tokens[i] += len(drafts)
             if probs is not None and drafts:
                 out.draft_probs[i] = probs[:len(drafts)]
+        # drafts no step uses (the request stopped decoding, or k fell to 0): the drafter
+        # holds them as proposed, so it forgets those requests and resyncs them later
+        for req_id in ready:
+            self._free_id(req_id)
         self._draft_s = time.perf_counter() - start
+        self._send_resting()
+        if not idx:
+            return False
         self.metrics.draft_time_s += self._draft_s
         self.metrics.num_propose_calls += 1
         drafted = {out.requests[i].req_id for i in idx if out.draft_token_ids[i]}
         self._draft_measured = bool(drafted) and drafted <= self._drafted_last_step
         self._drafted_last_step = drafted
         return bool(drafted)
+
+    def _propose_now(self, reqs: list[Request], ks: list[int]) -> dict[str, tuple]:
+        """req_id -> (drafts, probs) from the proposer, waited for; {} if it failed."""
+        try:
+            proposal = self.proposer.propose(reqs, ks).result()
+            self._check_proposal(proposal, len(reqs))
+        except Exception:  # noqa: BLE001 - the step goes on without speculation
+            logger.exception("the proposer failed; this step runs without speculation")
+            self.free(reqs)
+            return {}
+        return {r.req_id: (d, p) for r, d, p in zip(reqs, proposal.draft_token_ids,
+                                                    proposal.draft_probs)}
+
+    def _send_resting(self) -> None:
+        """A split step: the resting requests are drafted while the target verifies."""
+        if not self.resting:
+            return
+        reqs, k = self.resting, self.decision.k
+        try:
+            handle = self.proposer.propose(reqs, [k] * len(reqs))
+        except Exception:  # noqa: BLE001 - they are drafted again, synchronously, next step
+            logger.exception("the proposer failed; the resting requests are drafted later")
+            self.free(reqs)
+            return
+        self.inflight = _Inflight(handle, [r.req_id for r in reqs], k)
+
+    def _collect_inflight(self) -> dict[str, tuple]:
+        """req_id -> (drafts, probs) made during the previous step (waits for them); the
+        drafter's own timing of them goes to the controller."""
+        inflight, self.inflight = self.inflight, None
+        if inflight is None:
+            return {}
+        try:
+            proposal = inflight.handle.result()
+            self._check_proposal(proposal, len(inflight.req_ids))
+        except Exception:  # noqa: BLE001 - they are drafted again, synchronously
+            logger.exception("the proposer failed; the resting requests are drafted again")
+            for req_id in inflight.req_ids:
+                self._free_id(req_id)
+            return {}
+        if self.controller is not None and proposal.seconds and any(proposal.draft_token_ids):
+            self.controller.record_draft(len(inflight.req_ids), proposal.seconds / inflight.k)
+        return {r: (d, p) for r, d, p in zip(inflight.req_ids, proposal.draft_token_ids,
+                                             proposal.draft_probs)}
 
     def _check_proposal(self, proposal: Any, num_requests: int) -> None:
         vocab = self.config.hf_config.vocab_size
