@@ -9,7 +9,7 @@ during each run and the cores it may run on. Prints one table last; writes one J
         --num-speculative-tokens 3 --cpu-draft-worker [engine flags]
 
 The draft flags apply to the `draft` configuration only; `plain` drops them; `goodput` is
-`draft` with the goodput controller on."""
+`draft` with the goodput controller on; `split` is `draft` with batched overlap forced on."""
 import argparse
 import json
 import os
@@ -27,6 +27,7 @@ from vllm.engine.step_timer import per_step_ms  # noqa: E402
 from tests.entrypoints.utils import free_port  # noqa: E402
 
 DRAFT_FLAGS_WITH_VALUE = {"--speculative-model", "--num-speculative-tokens",
+                          "--speculative-batch-split",
                           "--speculative-draft-dtype", "--speculative-draft-ahead",
                           "--speculative-adaptive", "--speculative-draft-process",
                           "--speculative-draft-cpus", "--speculative-config"}
@@ -51,6 +52,12 @@ def goodput_flags(flags: list[str]) -> list[str]:
     if "--speculative-adaptive" in out:
         del out[out.index("--speculative-adaptive"):out.index("--speculative-adaptive") + 2]
     return out + ["--speculative-adaptive", "on"]
+
+
+def split_flags(flags: list[str]) -> list[str]:
+    """The draft flags with batched overlap forced on (every step with 2+ decoding requests
+    is split)."""
+    return list(flags) + ["--speculative-batch-split", "on"]
 
 
 def role(proc: psutil.Process) -> str:
@@ -190,7 +197,8 @@ def main() -> None:
     parser.add_argument("--layouts", default="mp,inproc")
     parser.add_argument("--configs", default="plain,draft",
                         help="plain, draft (the flags as given), goodput (the draft flags with "
-                             "--speculative-adaptive on)")
+                             "--speculative-adaptive on), split (the draft flags with "
+                             "--speculative-batch-split on)")
     parser.add_argument("--prompts-per-client", type=int, default=4)
     parser.add_argument("--min-prompts", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=64)
@@ -201,8 +209,8 @@ def main() -> None:
     rows = []
     for layout in args.layouts.split(","):
         for config in args.configs.split(","):
-            flags = {"plain": plain_flags, "draft": list,
-                     "goodput": goodput_flags}[config](server_flags)
+            flags = {"plain": plain_flags, "draft": list, "goodput": goodput_flags,
+                     "split": split_flags}[config](server_flags)
             rows += run_config(args, layout, config, flags)
     with open(os.path.join(args.out_dir, "serve_sweep.json"), "w") as f:
         json.dump({"command": sys.argv, "rows": rows}, f, indent=1)
