@@ -6,8 +6,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.attention import paged_attention as pa
+
+
+# Dense prefill runs on flash (or memory-efficient) attention, never cuDNN's: cuDNN builds an
+# execution plan for every new sequence length, the likely cause of what the H200 showed: the
+# prefill of each new prompt length took ~70 ms, of a length seen before ~10-20 ms
+# (benchmarks/RESULTS.md, the serving sweep's engine-side TTFT).
+PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class Attention(nn.Module):
@@ -43,12 +52,17 @@ class Attention(nn.Module):
                        query_lens: list[int]) -> torch.Tensor:
         out = torch.empty_like(q)
         start = 0
-        for n in query_lens:
-            # [num_heads, n, head_size]
-            qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
-            o = F.scaled_dot_product_attention(qs.unsqueeze(0), ks.unsqueeze(0), vs.unsqueeze(0),
-                                               is_causal=True, scale=self.scale,
-                                               enable_gqa=self.num_heads != self.num_kv_heads)
-            out[start:start + n] = o[0].transpose(0, 1)
-            start += n
+        with sdpa_kernel(PREFILL_BACKENDS):
+            for n in query_lens:
+                start = self._dense_one(q, k, v, out, start, n)
         return out
+
+    def _dense_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   start: int, n: int) -> int:
+        # [num_heads, n, head_size]
+        qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(qs.unsqueeze(0), ks.unsqueeze(0), vs.unsqueeze(0),
+                                           is_causal=True, scale=self.scale,
+                                           enable_gqa=self.num_heads != self.num_kv_heads)
+        out[start:start + n] = o[0].transpose(0, 1)
+        return start + n
