@@ -25,6 +25,7 @@ from vllm.engine.tokenizer import get_tokenizer
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.loader import resolve_config
 from vllm.process_utils import start_process, stop_process
+from vllm.spec_decode.draft_process import keep_off_drafter_cores
 
 logger = init_logger(__name__)
 
@@ -65,6 +66,10 @@ class MPEngineClient(EngineClient):
             raise
         finally:
             conn.close()
+        # only now: the core (and through it the drafter) picked its cores from the full set
+        kept = keep_off_drafter_cores(config)
+        if kept is not None:
+            logger.info("API server on cores %s, off the draft process's", kept)
 
     def _wait_ready(self, conn: Any) -> None:
         if not conn.poll(START_TIMEOUT_S):

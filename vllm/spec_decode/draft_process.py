@@ -146,8 +146,7 @@ class DraftProcessProposer(Proposer):
         self.target_config = target_config
         self.config = draft_config(target_config)  # the engine reads the draft's device
         self.timeout_s = spec.speculative_draft_timeout
-        self.cpus = parse_cpu_list(spec.speculative_draft_cpus) or default_draft_cpus(
-            target_config)
+        self.cpus = drafter_cpus(target_config)
         self.num_tokens_sent: dict[str, int] = {}  # req_id -> tokens the mirror holds
         self.pending = DraftStep()
         self.num_restarts = 0
@@ -299,6 +298,43 @@ class DraftProcessProposer(Proposer):
     def free(self, req_id: str) -> None:
         if self.num_tokens_sent.pop(req_id, None) is not None:
             self.pending.frees.append(req_id)
+
+
+def uses_draft_process(config: VllmConfig) -> bool:
+    """Whether the engine runs its draft model in a draft process: asked for (on), or (auto) a
+    CPU draft beside a GPU target."""
+    spec = config.speculative_config
+    if not spec.enabled or spec.is_ngram:
+        return False
+    draft_on_cpu = spec.cpu_draft_worker or config.device.type == "cpu"
+    if spec.speculative_draft_process == "on" and not draft_on_cpu:
+        raise ValueError("speculative_draft_process=on runs a CPU draft: add "
+                         "cpu_draft_worker=True")
+    if spec.speculative_draft_process == "auto":
+        return draft_on_cpu and config.device.type != "cpu"
+    return spec.speculative_draft_process == "on"
+
+
+def drafter_cpus(config: VllmConfig) -> Optional[list[int]]:
+    """The cores the draft process is pinned to (None: unpinned)."""
+    return (parse_cpu_list(config.speculative_config.speculative_draft_cpus)
+            or default_draft_cpus(config))
+
+
+def keep_off_drafter_cores(config: VllmConfig) -> Optional[list[int]]:
+    """Pins this process (the API server) to the cores the draft process does not use, when
+    there is a pinned draft process: a process that wakes up on a drafter core stalls the
+    draft's thread pool at its next barrier. Returns the cores kept, or None."""
+    if not uses_draft_process(config):
+        return None
+    drafter = drafter_cpus(config)
+    if not drafter:
+        return None
+    rest = sorted(os.sched_getaffinity(0) - set(drafter))
+    if not rest:
+        return None
+    os.sched_setaffinity(0, rest)
+    return rest
 
 
 def default_draft_cpus(target_config: VllmConfig) -> Optional[list[int]]:

@@ -73,15 +73,8 @@ class SpecDecoder:
         return DraftModelProposer(self.config, tokenizer)
 
     def _use_draft_process(self) -> bool:
-        """A CPU draft runs in its own process when asked to, or (auto) beside a GPU target."""
-        spec = self.spec_config
-        draft_on_cpu = spec.cpu_draft_worker or self.config.device.type == "cpu"
-        if spec.speculative_draft_process == "on" and not draft_on_cpu:
-            raise ValueError("speculative_draft_process=on runs a CPU draft: add "
-                             "cpu_draft_worker=True")
-        if spec.speculative_draft_process == "auto":
-            return draft_on_cpu and self.config.device.type != "cpu"
-        return spec.speculative_draft_process == "on"
+        from vllm.spec_decode.draft_process import uses_draft_process
+        return uses_draft_process(self.config)
 
     def _draft_ahead(self) -> bool:
         """Drafting ahead pays when it overlaps the target's forward: the draft on another
