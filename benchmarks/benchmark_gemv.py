@@ -16,8 +16,9 @@ from vllm import _custom_ops as ops
 
 
 def rates(fn, copies: int, nbytes: int, repeats: int) -> list[float]:
-    """GB/s of each of repeats passes over all copies."""
-    fn(0)
+    """GB/s of each of repeats passes over all copies, after one untimed pass."""
+    for c in range(copies):
+        fn(c)
     out = []
     for _ in range(repeats):
         start = time.perf_counter()
