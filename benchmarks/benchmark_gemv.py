@@ -59,7 +59,7 @@ if __name__ == "__main__":
     parser.add_argument("--shapes", default="32000x576,1536x576,576x1536,4864x896")
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--rows", default="1,4")
+    parser.add_argument("--rows", default="1,4,8")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--pool-mb", type=int, default=256, help="bytes of weight copies per shape")
     main(parser.parse_args())

@@ -10,8 +10,7 @@
 #include "ops.h"
 
 // bf16 x bf16 dot products in one instruction (AVX512_BF16: Cooper Lake, Sapphire Rapids, Zen 4),
-// picked at run time: twice the multiply-adds per instruction and no conversion of the weights,
-// which is what keeps a step of 8 rows at the cost of 1 on few cores.
+// picked at run time: twice the multiply-adds per instruction and no conversion of the weights.
 #if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
 #define VLLM_BF16_DOT 1
 #include <immintrin.h>
@@ -87,68 +86,13 @@ inline void row_all(T* out, int64_t ldo, const float* x, int64_t ldx, const T* w
 #ifdef VLLM_BF16_DOT
 #define VLLM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-// acc[j][i] += the 32 (masked) products of weight row j and input row i from column k on
-template <int NB, int MB>
-VLLM_BF16_TARGET inline void dot_step(__m512 (&acc)[NB][MB], const c10::BFloat16* x, int64_t ldx,
-                                      const c10::BFloat16* w, int64_t k_dim, int64_t k,
-                                      __mmask32 mask) {
-  __m512bh wv[NB];
-  for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + j * k_dim + k);
-  for (int i = 0; i < MB; ++i) {
-    const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + i * ldx + k);
-    for (int j = 0; j < NB; ++j) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], wv[j], xv);
-  }
-}
-
-template <int NB, int MB>
-VLLM_BF16_TARGET inline void tile_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
-                                       int64_t ldx, const c10::BFloat16* w,
-                                       const c10::BFloat16* bias, int64_t k_dim, int64_t n0,
-                                       int64_t m0) {
-  __m512 acc[NB][MB];
-  for (int j = 0; j < NB; ++j) {
-    for (int i = 0; i < MB; ++i) acc[j][i] = _mm512_setzero_ps();
-  }
-  int64_t k = 0;
-  for (; k + 32 <= k_dim; k += 32) {
-    dot_step<NB, MB>(acc, x + m0 * ldx, ldx, w + n0 * k_dim, k_dim, k, ~__mmask32(0));
-  }
-  if (k < k_dim) {
-    dot_step<NB, MB>(acc, x + m0 * ldx, ldx, w + n0 * k_dim, k_dim, k,
-                     (__mmask32(1) << (k_dim - k)) - 1);
-  }
-  for (int i = 0; i < MB; ++i) {
-    for (int j = 0; j < NB; ++j) {
-      float sum = _mm512_reduce_add_ps(acc[j][i]);
-      if (bias != nullptr) sum += static_cast<float>(bias[n0 + j]);
-      out[(m0 + i) * ldo + n0 + j] = static_cast<c10::BFloat16>(sum);
-    }
-  }
-}
-
-// rows of up to MB at a time; NB weight rows per tile (NB x MB accumulators)
-template <int NB, int MB>
-VLLM_BF16_TARGET void tile_rows_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
-                                     int64_t ldx, const c10::BFloat16* w,
-                                     const c10::BFloat16* bias, int64_t m_dim, int64_t k_dim,
-                                     int64_t n0) {
-  int64_t m = 0;
-  for (; m + MB <= m_dim; m += MB) tile_bf16<NB, MB>(out, ldo, x, ldx, w, bias, k_dim, n0, m);
-  switch (m_dim - m) {
-#define VLLM_CASE(R) \
-  case R: if constexpr (R < MB) tile_bf16<NB, R>(out, ldo, x, ldx, w, bias, k_dim, n0, m); break;
-    VLLM_CASE(7) VLLM_CASE(6) VLLM_CASE(5) VLLM_CASE(4) VLLM_CASE(3) VLLM_CASE(2) VLLM_CASE(1)
-#undef VLLM_CASE
-    default: break;
-  }
-}
-
 // One weight row n against MB input rows, in address order (see row_tile): two accumulators
 // per input row, over the even and odd 32-column steps.
 template <int MB>
 VLLM_BF16_TARGET inline void row_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
                                       int64_t ldx, const c10::BFloat16* w,
                                       const c10::BFloat16* bias, int64_t k_dim, int64_t n) {
+  static_assert(MB >= 1 && MB <= 8, "2 x MB accumulators must fit the 32 vector registers");
   __m512 acc0[MB], acc1[MB];
   for (int i = 0; i < MB; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
   const c10::BFloat16* wrow = w + n * k_dim;
@@ -179,38 +123,33 @@ VLLM_BF16_TARGET inline void row_bf16(c10::BFloat16* out, int64_t ldo, const c10
   }
 }
 
-// Up to 4 rows: one weight row at a time, in address order, against all rows. More: 2 weight
-// rows x 8 rows, which streams a step of 8 rows at about the cost of 1 (measured on
-// AVX512_BF16); the GEMV's callers switch to torch's GEMM above 4 rows.
+// One weight row at a time, in address order, against up to 8 input rows per pass (more rows:
+// a pass per 8, the row re-read from L1).
+VLLM_BF16_TARGET void row_all_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
+                                   int64_t ldx, const c10::BFloat16* w,
+                                   const c10::BFloat16* bias, int64_t m_dim, int64_t k_dim,
+                                   int64_t n) {
+  for (int64_t m = 0; m < m_dim; m += 8) {
+    c10::BFloat16* o = out + m * ldo;
+    const c10::BFloat16* xm = x + m * ldx;
+    switch (std::min<int64_t>(8, m_dim - m)) {
+#define VLLM_CASE(R) \
+  case R: row_bf16<R>(o, ldo, xm, ldx, w, bias, k_dim, n); break;
+      VLLM_CASE(8) VLLM_CASE(7) VLLM_CASE(6) VLLM_CASE(5) VLLM_CASE(4) VLLM_CASE(3) VLLM_CASE(2)
+      VLLM_CASE(1)
+#undef VLLM_CASE
+      default: break;
+    }
+  }
+}
+
 void linear_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_t ldx,
                  const c10::BFloat16* w, const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim,
                  int64_t k_dim) {
-  if (m_dim <= 4) {
-    // contiguous blocks of weight rows per thread, at least ~32 KB each
-    const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2));
-    at::parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n) {
-        switch (m_dim) {
-          case 4: row_bf16<4>(out, ldo, x, ldx, w, bias, k_dim, n); break;
-          case 3: row_bf16<3>(out, ldo, x, ldx, w, bias, k_dim, n); break;
-          case 2: row_bf16<2>(out, ldo, x, ldx, w, bias, k_dim, n); break;
-          default: row_bf16<1>(out, ldo, x, ldx, w, bias, k_dim, n); break;
-        }
-      }
-    });
-    return;
-  }
-  const int64_t num_tiles = (n_dim + 1) / 2;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (2 * k_dim * 2));
-  at::parallel_for(0, num_tiles, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t n0 = t * 2;
-      if (n_dim - n0 >= 2) {
-        tile_rows_bf16<2, 8>(out, ldo, x, ldx, w, bias, m_dim, k_dim, n0);
-      } else {
-        tile_rows_bf16<1, 8>(out, ldo, x, ldx, w, bias, m_dim, k_dim, n0);
-      }
-    }
+  // contiguous blocks of weight rows per thread, at least ~32 KB each
+  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2));
+  at::parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) row_all_bf16(out, ldo, x, ldx, w, bias, m_dim, k_dim, n);
   });
 }
 

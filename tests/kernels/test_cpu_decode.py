@@ -19,7 +19,7 @@ BLOCK = 16
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 12, 32])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 12, 14, 32])
 # k: whole 2-vector steps (256, 576), one more vector plus a tail (100), a vector and a half
 # (48), tails only (17, 1); n: not a multiple of any tile (13, 257), one row (1)
 @pytest.mark.parametrize("n,k", [(768, 256), (13, 100), (1, 17), (257, 576), (33, 48), (7, 1)])
@@ -115,9 +115,9 @@ def run(model, caches, md, ids, positions, path, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("context_lens,q_lens", [
     ([7], [1]),  # one draft step
-    ([9, 30, 2], [1, 1, 2]),  # 4 rows: the GEMV's largest
-    ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes (torch's GEMM)
-    ([20, 35, 5], [5, 5, 5]),  # verification of 4 drafts each
+    ([9, 30, 2], [1, 1, 2]),  # 4 rows
+    ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes: the GEMV's largest
+    ([20, 35, 5], [5, 5, 5]),  # verification of 4 drafts each (15 rows: torch's GEMM)
     ([33] * 4 + [12] * 4, [4] * 8),  # 32 rows, the largest the path takes
 ])
 def test_decode_layers_matches_per_op_path(shape, dtype, context_lens, q_lens, monkeypatch):
