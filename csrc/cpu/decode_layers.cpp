@@ -14,9 +14,9 @@ namespace {
 constexpr int64_t kTensorsPerLayer = 7;  // ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w, down_w
 
 // Rows up to which linear_small's GEMV beats torch's GEMM (oneDNN) on bf16 and fp32 weights:
-// measured 2-5x faster at 1 row, even at 4, slower from 6 (AVX512_BF16 host, 1-2 threads); above
-// it the step's matmuls are compute-bound and the GEMM's blocking wins.
-constexpr int64_t kGemvMaxRows = 4;
+// with the weights walked in address order, 2-3x faster at 1-4 rows, 1.3-2.2x at 8, about even
+// at 16 (AVX512_BF16 Zen 4, 1-2 threads; benchmarks/RESULTS.md); above it the GEMM's blocking wins.
+constexpr int64_t kGemvMaxRows = 8;
 
 void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
             const at::Tensor* bias) {

@@ -19,8 +19,10 @@ BLOCK = 16
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 3, 5, 8, 12, 32])
-@pytest.mark.parametrize("n,k", [(768, 256), (13, 100), (1, 17), (257, 576)])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 12, 14, 32])
+# k: whole 2-vector steps (256, 576), one more vector plus a tail (100), a vector and a half
+# (48), tails only (17, 1); n: not a multiple of any tile (13, 257), one row (1)
+@pytest.mark.parametrize("n,k", [(768, 256), (13, 100), (1, 17), (257, 576), (33, 48), (7, 1)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_small(dtype, m, n, k, bias):
     torch.manual_seed(m * n + k)
@@ -30,6 +32,20 @@ def test_linear_small(dtype, m, n, k, bias):
     ops.linear_small(out, x, w, b)
     ref = F.linear(x.float(), w.float(), None if b is None else b.float())
     assert_close("linear_small", out.float(), ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 4, 8])
+def test_linear_small_strided_rows(dtype, m):
+    """Input and out rows inside wider buffers (row stride > features), as decode_layers passes."""
+    torch.manual_seed(m)
+    x = torch.randn(m, 160, dtype=dtype)[:, 20:120]
+    w = torch.randn(70, 100, dtype=dtype) / 10
+    out_buf = torch.full((m, 90), float("nan"), dtype=dtype)
+    out = out_buf[:, 10:80]
+    ops.linear_small(out, x, w, None)
+    assert_close("linear_small strided", out.float(), F.linear(x.float(), w.float()), dtype)
+    assert out_buf[:, :10].isnan().all() and out_buf[:, 80:].isnan().all()
 
 
 def test_linear_small_rejects_bad_shapes():
@@ -99,9 +115,9 @@ def run(model, caches, md, ids, positions, path, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("context_lens,q_lens", [
     ([7], [1]),  # one draft step
-    ([9, 30, 2], [1, 1, 2]),  # 4 rows: the GEMV's largest
-    ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes (torch's GEMM)
-    ([20, 35, 5], [5, 5, 5]),  # verification of 4 drafts each
+    ([9, 30, 2], [1, 1, 2]),  # 4 rows
+    ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes: the GEMV's largest
+    ([20, 35, 5], [5, 5, 5]),  # verification of 4 drafts each (15 rows: torch's GEMM)
     ([33] * 4 + [12] * 4, [4] * 8),  # 32 rows, the largest the path takes
 ])
 def test_decode_layers_matches_per_op_path(shape, dtype, context_lens, q_lens, monkeypatch):

@@ -12,7 +12,7 @@ from vllm import _custom_ops as ops
 from vllm import envs
 
 MAX_ROWS = 32  # steps of more rows run the per-op path
-GEMV_MAX_ROWS = 4  # linear_small up to this many rows, torch's GEMM above (as in decode_layers)
+GEMV_MAX_ROWS = 8  # linear_small up to this many rows, torch's GEMM above (as in decode_layers)
 DTYPES = (torch.float32, torch.bfloat16)
 
 
