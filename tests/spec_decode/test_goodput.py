@@ -57,6 +57,19 @@ def test_cost_curve_interpolates_and_never_decreases():
     assert curve.estimate(8) == pytest.approx(3.0)
 
 
+def test_one_stall_moves_a_bucket_little_and_a_lasting_change_comes_through():
+    """A verification that also captured a CUDA graph (~36 ms on the H200 against a 6 ms step)
+    once made the controller keep to plain decoding: one measurement now counts for at most
+    3x the estimate."""
+    curve = CostCurve(decay=0.8)
+    curve.record(4, 6e-3)
+    curve.record(4, 0.1)  # one stall
+    assert curve.estimate(4) == pytest.approx(0.8 * 6e-3 + 0.2 * 18e-3)
+    for _ in range(30):  # the step really became 4x slower
+        curve.record(4, 24e-3)
+    assert curve.estimate(4) == pytest.approx(24e-3, rel=0.01)
+
+
 def test_expected_tokens():
     assert expected_tokens(0.0, 4) == 1.0
     assert expected_tokens(1.0, 4) == 5.0

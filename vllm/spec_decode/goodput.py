@@ -30,12 +30,15 @@ from typing import Optional
 
 # a split step must model this much more goodput than the best unsplit step to be chosen
 SPLIT_MARGIN = 0.05
+# a single measurement counts for at most this many times a bucket's estimate
+OUTLIER_FACTOR = 3.0
 
 
 class CostCurve:
     """Seconds as a function of a size, learnt online: an EMA of (size, seconds) per half-octave
-    bucket of size, read by linear interpolation between buckets; beyond the largest bucket the
-    slope of the last two is kept (flat with one). Never decreasing in size."""
+    bucket of size (one measurement counts for at most OUTLIER_FACTOR x the estimate), read by
+    linear interpolation between buckets; beyond the largest bucket the slope of the last two is
+    kept (flat with one). Never decreasing in size."""
 
     def __init__(self, decay: float = 0.8) -> None:
         self.decay = decay
@@ -47,6 +50,9 @@ class CostCurve:
         if point is None:
             self.points[bucket] = [float(size), seconds]
         else:
+            # one stall (a graph capture, a page fault storm) moves a rarely measured bucket by
+            # at most OUTLIER_FACTOR x its estimate; a lasting change still comes through
+            seconds = min(seconds, OUTLIER_FACTOR * point[1])
             point[0] = self.decay * point[0] + (1 - self.decay) * size
             point[1] = self.decay * point[1] + (1 - self.decay) * seconds
 
