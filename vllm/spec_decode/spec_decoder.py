@@ -124,7 +124,7 @@ class SpecDecoder:
         mode = self.spec_config.speculative_batch_split
         decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
         split = (self.decision.k > 0 and len(decoding) >= 2 and self.proposer is not None
-                 and self.proposer.runs_in_own_process
+                 and getattr(self.proposer, "runs_in_own_process", False)
                  and (mode == "on" or (mode == "auto" and self.decision.split)))
         if not split:
             self.decision.split = False
