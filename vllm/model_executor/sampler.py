@@ -261,8 +261,12 @@ class Sampler(nn.Module):
     def sample_from_probs(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """One token per row [num_seqs] int64: argmax of probs / E with E ~ Exp(1), which picks
         token t with probability probs[t]. A row with its own generator draws its own E, so its
-        token depends only on its probabilities and its generator."""
+        token depends only on its probabilities and its generator. On the CPU, one uniform draw
+        per row against its cumulative probabilities instead (_sample_inverse_cdf): the same
+        distribution for a vocabulary's worth fewer random draws."""
         _check_shape(probs, batch)
+        if probs.device.type == "cpu":
+            return _sample_inverse_cdf(probs, batch)
         noise = torch.empty_like(probs, dtype=torch.float32)  # [num_seqs, vocab_size]
         if not batch.seeded_rows:
             noise.exponential_()
@@ -341,3 +345,24 @@ def _check_shape(logits: torch.Tensor, batch: SamplingBatch) -> None:
     if tuple(logits.shape) != (batch.num_seqs, batch.vocab_size):
         raise ValueError(f"logits must have shape [num_seqs={batch.num_seqs}, "
                          f"vocab_size={batch.vocab_size}], got {list(logits.shape)}")
+
+
+def _sample_inverse_cdf(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """One token per row: the first token whose cumulative probability exceeds u * total, u ~
+    U[0, 1) (a row with its own generator draws its u from it), which is token t with
+    probability probs[t] / total; a zero-probability token is never picked. The sums are in
+    float64, so a vocabulary's worth of float32 rounding stays far below one draw's resolution.
+    One random number per row: on one CPU core an Exp(1) draw per vocabulary entry cost 9 ms a
+    step for 8 rows of SmolLM2's 49152 tokens."""
+    cdf = probs.to(torch.float64).cumsum_(dim=-1)  # [num_seqs, vocab_size]
+    u = torch.empty(probs.shape[0], 1, dtype=torch.float64)
+    if not batch.seeded_rows:
+        u.uniform_()
+    else:
+        if batch.unseeded_rows is not None:
+            u[batch.unseeded_rows] = torch.rand(batch.unseeded_rows.numel(), 1,
+                                                dtype=torch.float64)
+        for row in batch.seeded_rows:
+            u[row] = torch.rand(1, generator=batch.generators[row], dtype=torch.float64)
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
+    return tokens.clamp_(max=probs.shape[1] - 1)
