@@ -9,7 +9,7 @@ import pytest
 
 from tests.spec_decode.test_greedy_equality import PROMPTS, generate
 from vllm import LLM
-from vllm.spec_decode.goodput import CostCurve, GoodputController, expected_tokens
+from vllm.spec_decode.goodput import CostCurve, Decision, GoodputController, expected_tokens
 from vllm.spec_decode.proposer import Proposal, ProposalHandle, Proposer
 
 
@@ -68,6 +68,25 @@ def test_one_stall_moves_a_bucket_little_and_a_lasting_change_comes_through():
     for _ in range(30):  # the step really became 4x slower
         curve.record(4, 24e-3)
     assert curve.estimate(4) == pytest.approx(24e-3, rel=0.01)
+
+
+def test_a_probe_is_priced_by_the_tokens_the_draft_must_catch_up_on():
+    """Once a probe measured its cost per caught-up token, a probe that would make the draft
+    catch up on a long history waits, and one over new requests (their prompts only) goes."""
+    ctrl = GoodputController(max_k=4)
+    ids = [f"r{i}" for i in range(8)]
+    for _ in range(20):  # plain steps, then a probe over 8 x 100 tokens costing 80 ms
+        d = ctrl.decide(ids, seeded=False, catch_up_tokens=800)
+        ctrl.record_step(d, 8, 8 * (d.k + 1), 0.0, 6e-3, False)
+    for r in ids:
+        ctrl.record_verdict(r, 1, 0)
+    ctrl.record_draft(8, 2e-3)
+    ctrl.decide(ids, seeded=False, catch_up_tokens=800)
+    ctrl.record_step(Decision(1, probe=True), 8, 16, 0.08, 0.086, False)
+    assert ctrl.probe_cost_per_token == pytest.approx(0.08 / 800)
+    ctrl.probe_credit = 0.04  # half the cost of catching up on 800 tokens again
+    assert ctrl.decide(ids, seeded=False, catch_up_tokens=800).k == 0
+    assert ctrl.decide(ids, seeded=False, catch_up_tokens=200).probe  # 20 ms: paid
 
 
 def test_expected_tokens():

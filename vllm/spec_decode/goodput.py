@@ -126,6 +126,11 @@ class GoodputController:
         self.requests: dict[str, Acceptance] = {}
         self.probe_credit = 0.0  # seconds the probes may still spend
         self.probe_cost: Optional[float] = None  # EMA of a probe's seconds over a plain step
+        # a probe after plain steps makes the draft catch up on every token it has not seen:
+        # its seconds per such token (EMA), so that a probe's cost is foreseen from the tokens
+        # it would catch up on (cheapest when requests are new: their prompts only)
+        self.probe_cost_per_token: Optional[float] = None
+        self.catch_up_tokens = 0  # of the decoding requests now (set by decide)
         self.last = Decision(0)
         self.num_probes = 0
         self.k_histogram = [0] * (max_k + 1)
@@ -182,8 +187,10 @@ class GoodputController:
 
     # decisions
 
-    def decide(self, req_ids: list[str], seeded: bool) -> Decision:
-        """k and drafting ahead for a step whose decoding requests are req_ids."""
+    def decide(self, req_ids: list[str], seeded: bool, catch_up_tokens: int = 0) -> Decision:
+        """k and drafting ahead for a step whose decoding requests are req_ids; catch_up_tokens:
+        the tokens of theirs the draft has not seen (what a probe would make it catch up on)."""
+        self.catch_up_tokens = catch_up_tokens
         if seeded:  # depends on nothing timed: the configured k
             decision = Decision(self.max_k, draft_ahead=self.draft_ahead_overlaps)
         elif not req_ids:
@@ -206,15 +213,21 @@ class GoodputController:
             return Decision(split[0], False, False, split[1] / plain, split=True)
         if k > 0:
             return Decision(k, self._draft_ahead(k, alphas), False, rates[k] / plain)
-        cost = self.probe_cost
-        if cost is None:
-            cost = self.step_seconds(1, len(alphas)) - self.step_seconds(0, len(alphas))
+        cost = self._probe_cost(len(alphas))
         self.probe_credit = min(self.probe_credit, cost)  # no burst of probes
         if self.probe_credit >= cost:
             self.probe_credit -= cost
             self.num_probes += 1
             return Decision(1, False, True, 1.0)
         return Decision(0, False, False, 1.0)
+
+    def _probe_cost(self, batch: int) -> float:
+        """Foreseen seconds of a one-draft probe over a plain step: by the tokens it would catch
+        up on, once a probe measured that; else the last probe's, else the model's."""
+        modelled = self.step_seconds(1, batch) - self.step_seconds(0, batch)
+        if self.probe_cost_per_token is not None:
+            return max(modelled, self.probe_cost_per_token * max(self.catch_up_tokens, batch))
+        return self.probe_cost if self.probe_cost is not None else modelled
 
     def _best_split(self, alphas: list[float]) -> Optional[tuple[int, float]]:
         """(k, modelled tokens/s) of the best split step, or None when splitting is not an
@@ -258,6 +271,9 @@ class GoodputController:
                 # since: the cost rises to what was seen at once and falls back slowly
                 self.probe_cost = extra if self.probe_cost is None else max(
                     extra, 0.8 * self.probe_cost + 0.2 * extra)
+                per_token = extra / max(self.catch_up_tokens, num_decoding)
+                self.probe_cost_per_token = per_token if self.probe_cost_per_token is None else (
+                    max(per_token, 0.8 * self.probe_cost_per_token + 0.2 * per_token))
         self.t_verify.record(num_tokens, max(step_s - draft_s, 0.0))
         if decision.k > 0 and draft_measured and not decision.split:
             self.t_draft.record(num_decoding, draft_s / decision.k)

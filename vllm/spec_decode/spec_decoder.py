@@ -57,6 +57,7 @@ class SpecDecoder:
         self._step_start = 0.0
         self._draft_s = 0.0
         self._drafted_last_step: set[str] = set()
+        self._seen: dict[str, int] = {}  # req_id -> its tokens when last sent to the proposer
         self._draft_measured = False
         self._last_log_time = time.time()
 
@@ -108,10 +109,12 @@ class SpecDecoder:
         elif self.controller is None:
             self.decision = Decision(spec.num_speculative_tokens, self.draft_ahead)
         else:
-            decoding = [r.req_id for r in running if r.num_computed_tokens == r.num_tokens - 1]
+            decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
             # seeded requests must come out the same on every run: timing may not change k
             seeded = any(r.sampling_params.seed is not None for r in running)
-            self.decision = self.controller.decide(decoding, seeded)
+            catch_up = sum(r.num_tokens - self._seen.get(r.req_id, 0) for r in decoding)
+            self.decision = self.controller.decide([r.req_id for r in decoding], seeded,
+                                                   catch_up)
             if self.spec_config.speculative_draft_ahead == "on" and not self.decision.probe:
                 self.decision.draft_ahead = self.draft_ahead
         self.resting = self._plan_split(running)
@@ -151,6 +154,7 @@ class SpecDecoder:
             ready.update(self._propose_now([out.requests[i] for i in need],
                                            [out.num_lookahead[i] for i in need]))
         for i in idx:
+            self._seen[out.requests[i].req_id] = out.requests[i].num_tokens
             drafts, probs = ready.pop(out.requests[i].req_id, ([], None))
             drafts = drafts[:out.num_lookahead[i]]
             out.draft_token_ids[i] = drafts
@@ -196,6 +200,8 @@ class SpecDecoder:
             self.free(reqs)
             return
         self.inflight = _Inflight(handle, [r.req_id for r in reqs], k)
+        for r in reqs:
+            self._seen[r.req_id] = r.num_tokens
 
     def _collect_inflight(self) -> dict[str, tuple]:
         """req_id -> (drafts, probs) made during the previous step (waits for them); the
@@ -294,6 +300,7 @@ class SpecDecoder:
             self._free_id(req.req_id)
 
     def _free_id(self, req_id: str) -> None:
+        self._seen.pop(req_id, None)
         if self.controller is not None:
             self.controller.free(req_id)
         if self.proposer is None:
