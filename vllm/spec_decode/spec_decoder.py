@@ -5,9 +5,10 @@ a request) and the metrics. With no speculative model every method is a no-op an
 
 Per step the engine calls: plan() -> k (KV slots the scheduler reserves per decoding request;
 `resting`: requests left out of a split step), propose() (drafts into those slots; in a split
-step it also sends the resting requests to be drafted during the verification), ahead_hook() (work to overlap with the verification),
-verified() (the target's verdict: rolls the drafter back, informs the controller),
-record_emitted() per request (what a stop left of its tokens), end_step()."""
+step it also sends the resting requests to be drafted during the verification), ahead_hook()
+(work to overlap with the verification), verified() (the target's verdict: rolls the drafter
+back, informs the controller), record_emitted() per request (what a stop left of its tokens),
+end_step()."""
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
