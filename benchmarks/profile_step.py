@@ -94,7 +94,8 @@ def profile_shape(llm: LLM, g: CudaGraphRunner, b: int, q: int, args, bw: float)
     return {"batch": b, "tokens_per_seq": q, "context": args.context, "graph_ms": replay_ms,
             "eager_ms": eager_ms, "kernel_ms": kernel_ms, "gaps_ms": replay_ms - kernel_ms,
             "floor_ms": floor_ms, "floor_fraction": floor_ms / replay_ms,
-            "by_category_ms": {k: v / 1e3 for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+            "by_category_ms": {k: v / 1e3
+                               for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
             "top_kernels": [{"name": name[:120], "ms": us / 1e3, "calls": calls}
                             for name, (us, calls) in top]}
 

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from tests.spec_decode.test_draft_process import GREEDY, PROMPTS, reference, spec_engine  # noqa: F401
+from tests.spec_decode.test_draft_process import (GREEDY, PROMPTS, reference,  # noqa: F401
+                                                  spec_engine)
 from vllm.spec_decode.goodput import GoodputController, expected_tokens
 
 

@@ -1,7 +1,8 @@
 """MPEngineClient: the API server's side of an engine core running in its own process
 (vllm/engine/core_proc.py). This process keeps HTTP, tokenization (off the event loop),
-detokenization (StreamDetokenizer: the core sends token ids) and streaming; the core process owns the scheduler and the model, so neither the server's Python nor
-its threads compete with the GPU's launch thread or the CPU draft.
+detokenization (StreamDetokenizer: the core sends token ids) and streaming; the core process
+owns the scheduler and the model, so neither the server's Python nor its threads compete with
+the GPU's launch thread or the CPU draft.
 
     generate()  tokenize on a thread -> ("add", ...) to the core -> the request's queue is fed
                 by the output task from the core's per-step output batches, their text made

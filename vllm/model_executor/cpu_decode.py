@@ -1,9 +1,9 @@
 """The CPU decode path: a step of few rows (a draft step, a drafted batch, a CPU target's decode)
 runs every decoder layer in one vllm._C call (decode_layers), so it costs the weight bytes rather
 than a Python and dispatcher round trip per op. Its matmuls, and the logits', are linear_small's
-GEMV (each weight streamed once for all rows) up to GEMV_MAX_ROWS rows and torch's GEMM above. The per-op
-path (the model's own forward) stays the reference and runs wherever this one does not apply:
-other devices, more rows, other dtypes, biases beyond Qwen2's q/k/v, partial rotary."""
+GEMV (each weight streamed once for all rows) up to GEMV_MAX_ROWS rows and torch's GEMM above.
+The per-op path (the model's own forward) stays the reference and runs wherever this one does
+not apply: other devices, more rows, other dtypes, biases beyond Qwen2's q/k/v, partial rotary."""
 from typing import Any, Optional
 
 import torch

@@ -13,11 +13,45 @@ target's argmax and then emit the argmax: token-for-token plain greedy decoding.
 Typical acceptance (Cai et al. 2024, Medusa, arXiv 2401.10774) is the opt-in lossy alternative:
 accept x_j while q_j(x_j) > min(epsilon, delta * exp(-H(q_j))); at the first refusal emit the
 argmax of q_j."""
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
 from vllm.model_executor.sampler import Sampler, SamplingBatch
+
+PLACEHOLDER = -1  # pads draft_ids past a request's drafts
+
+
+@dataclass
+class VerificationInputs:
+    """What a verification needs besides the target's logits, one entry per request: request i
+    owns logits rows cu_num_drafts[i] + i .. cu_num_drafts[i + 1] + i (its last token and its
+    drafts)."""
+    drafts: list[list[int]]  # host copy, for the read-back
+    # [num_requests, max_drafts] int64 on the logits' device, padded with PLACEHOLDER
+    draft_ids: torch.Tensor
+    cu_num_drafts: list[int]  # [num_requests + 1]: drafts before request i
+    draft_probs: list[Optional[torch.Tensor]]  # [m_i, vocab] on the device, None: deterministic
+    is_greedy: list[bool]
+    generators: list[Optional[torch.Generator]]
+    batch: Optional[SamplingBatch] = None  # one sampling row per logits row; None: all plain greedy
+
+    @classmethod
+    def build(cls, drafts: list[list[int]], draft_probs: list[Optional[torch.Tensor]],
+              is_greedy: list[bool], generators: list[Optional[torch.Generator]],
+              batch: Optional[SamplingBatch], device: torch.device) -> "VerificationInputs":
+        """Copies the drafts (and their probs) to the device: done before the target's forward
+        is launched, so that nothing in the verification waits for the device before its
+        read-back."""
+        width = max((len(d) for d in drafts), default=0)
+        padded = [d + [PLACEHOLDER] * (width - len(d)) for d in drafts]
+        draft_ids = torch.tensor(padded, dtype=torch.long).to(device, non_blocking=True)
+        cu = [0]
+        for d in drafts:
+            cu.append(cu[-1] + len(d))
+        probs = [p.to(device) if p is not None else None for p in draft_probs]
+        return cls(drafts, draft_ids, cu, probs, is_greedy, generators, batch)
 
 
 class RejectionSampler:
@@ -33,40 +67,33 @@ class RejectionSampler:
                generators: list[Optional[torch.Generator]]) -> list[list[int]]:
         """logits [sum(m_i + 1), vocab]: request i's m_i + 1 rows in order, batch built for those
         rows. Returns per request its accepted drafts plus one target token."""
-        draft_ids = torch.tensor([t for d in drafts for t in d], dtype=torch.long,
-                                 device=logits.device)
-        return self.verify_async(logits, batch, drafts, draft_ids, draft_probs, is_greedy,
-                                 generators)()
+        inputs = VerificationInputs.build(drafts, draft_probs, is_greedy, generators, batch,
+                                          logits.device)
+        return self.verify_async(logits, inputs)()
 
-    def verify_async(self, logits: torch.Tensor, batch: Optional[SamplingBatch],
-                     drafts: list[list[int]],
-                     draft_ids: torch.Tensor, draft_probs: list[Optional[torch.Tensor]],
-                     is_greedy: list[bool], generators: list[Optional[torch.Generator]]
+    def verify_async(self, logits: torch.Tensor, inputs: VerificationInputs
                      ) -> Callable[[], list[list[int]]]:
         """Queues the device work of every request and returns the function that reads it back
-        with one synchronisation. draft_ids: the drafts, concatenated, already on logits' device
-        (and draft_probs too), so that nothing here waits for the device before that read.
-        batch None: every request is plain greedy (SamplingParams.is_plain_greedy)."""
+        with one synchronisation (inputs already on logits' device: VerificationInputs.build)."""
+        batch, drafts = inputs.batch, inputs.drafts
         if batch is None:  # plain greedy requests only: nothing changes the logits
             return self._greedy_batch(logits.argmax(dim=-1), drafts)
         penalised = Sampler.apply_penalties(logits, batch)
-        if all(is_greedy):
+        if all(inputs.is_greedy):
             return self._greedy_batch(penalised.argmax(dim=-1), drafts)
         probs = Sampler.compute_probs(logits, batch)
         pending = []  # per request: (accepted [m] bool, candidates [m + 1]) on the device
-        row = start = 0
         for i, draft in enumerate(drafts):
             m = len(draft)
-            x = draft_ids[start:start + m]
-            if is_greedy[i]:
+            x = inputs.draft_ids[i, :m]
+            row = inputs.cu_num_drafts[i] + i
+            if inputs.is_greedy[i]:
                 pending.append(self._greedy(x, penalised[row:row + m + 1]))
             elif self.method == "typical_acceptance_sampler":
-                pending.append(self._typical(x, probs[row:row + m + 1], generators[i]))
+                pending.append(self._typical(x, probs[row:row + m + 1], inputs.generators[i]))
             else:
-                pending.append(self._rejection(x, probs[row:row + m + 1], draft_probs[i],
-                                               generators[i]))
-            row += m + 1
-            start += m
+                pending.append(self._rejection(x, probs[row:row + m + 1], inputs.draft_probs[i],
+                                               inputs.generators[i]))
         flat_dev = torch.cat([torch.cat([a.long(), c]) for a, c in pending])
 
         def finish() -> list[list[int]]:

@@ -3,8 +3,9 @@ sequence brings the same number q of new tokens (q = 1: decode; q = k + 1: a spe
 last token and k drafts) is captured once per (batch size, q) over static input buffers, and each
 such step of up to that many sequences copies its inputs in and replays the graph: one launch
 instead of hundreds. Graphs for batch sizes 1, 2, 4, 8, then steps of 8, and every q up to
-max_query_len are captured at start (a batch of a new size or k never waits for a capture). Padded rows write nowhere (slot -1), attend only to themselves, and their
-outputs are dropped."""
+max_query_len are captured at start (a batch of a new size or k never waits for a capture).
+Padded rows write nowhere (slot -1), attend only to themselves, and their outputs are
+dropped."""
 import time
 from typing import Optional
 

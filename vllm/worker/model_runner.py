@@ -17,7 +17,7 @@ from vllm.forward_context import AttentionMetadata, set_forward_context
 from vllm.model_executor.model_loader.loader import get_model
 from vllm.model_executor.sampler import (LogprobsTensors, Sampler, SamplerOutput, SamplingBatch,
                                          compute_prompt_logprobs, nonfinite_logit_rows)
-from vllm.spec_decode.rejection_sampler import RejectionSampler
+from vllm.spec_decode.rejection_sampler import RejectionSampler, VerificationInputs
 from vllm.worker import kv_cache
 from vllm.worker.cuda_graph import CudaGraphRunner
 
@@ -182,7 +182,7 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[inp.logits_indices])  # [num_rows, V]
             if verify is not None:
                 bad_rows = nonfinite_logit_rows(logits)  # [num_rows]
-                finish = self.rejection_sampler.verify_async(logits, *verify)
+                finish = self.rejection_sampler.verify_async(logits, verify)
                 if before_sync is not None:
                     before_sync()
                 results = finish()
@@ -210,7 +210,7 @@ class ModelRunner:
                             token_logprobs, failed)
 
     def _prepare_verify(self, out: SchedulerOutput, indices: list[int],
-                        drafts: list[list[int]]) -> tuple:
+                        drafts: list[list[int]]) -> VerificationInputs:
         """The rejection sampler's inputs but the logits: one sampling row per target row (row
         j of a request has seen its first j drafts; none when every request is plain greedy),
         the drafts and their distributions on the device."""
@@ -222,12 +222,10 @@ class ModelRunner:
                 [r.sampling_params for r, _ in rows], [r.prompt_token_ids for r, _ in rows],
                 [r.output_token_ids + seen for r, seen in rows], [None] * len(rows),
                 self.vocab_size, self.device, eos_token_id=reqs[0].eos_token_id)
-        draft_ids = torch.tensor([t for d in drafts for t in d], dtype=torch.long,
-                                 device=self.device)
-        probs = [out.draft_probs.get(i) for i in indices]
-        probs = [p.to(self.device) if p is not None else None for p in probs]
-        return (batch, drafts, draft_ids, probs, [r.sampling_params.is_greedy for r in reqs],
-                [r.generator for r in reqs])
+        return VerificationInputs.build(
+            drafts, [out.draft_probs.get(i) for i in indices],
+            [r.sampling_params.is_greedy for r in reqs], [r.generator for r in reqs], batch,
+            self.device)
 
     def _verified_logprobs(self, out: SchedulerOutput, indices: list[int],
                            drafts: list[list[int]], logits: torch.Tensor,
