@@ -3,7 +3,7 @@ token, with vLLM's penalties, temperature, min_p / top_k / top_p filters, per-re
 logprobs. Plain torch, so the same code runs on CPU and CUDA tensors."""
 import itertools
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -267,16 +267,8 @@ class Sampler(nn.Module):
         _check_shape(probs, batch)
         if probs.device.type == "cpu":
             return _sample_inverse_cdf(probs, batch)
-        noise = torch.empty_like(probs, dtype=torch.float32)  # [num_seqs, vocab_size]
-        if not batch.seeded_rows:
-            noise.exponential_()
-        else:
-            if batch.unseeded_rows is not None:
-                shared = torch.empty(batch.unseeded_rows.numel(), batch.vocab_size,
-                                     dtype=torch.float32, device=probs.device).exponential_()
-                noise[batch.unseeded_rows] = shared
-            for row in batch.seeded_rows:
-                noise[row].exponential_(generator=batch.generators[row])
+        noise = _draws_per_row(batch, batch.vocab_size, torch.float32, probs.device,
+                               lambda t, g: t.exponential_(generator=g))
         # a zero draw would make 0 / 0 = NaN, which argmax would pick
         noise.clamp_min_(torch.finfo(torch.float32).tiny)
         return probs.div(noise).argmax(dim=-1)
@@ -355,14 +347,23 @@ def _sample_inverse_cdf(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tens
     One random number per row: on one CPU core an Exp(1) draw per vocabulary entry cost 9 ms a
     step for 8 rows of SmolLM2's 49152 tokens."""
     cdf = probs.to(torch.float64).cumsum_(dim=-1)  # [num_seqs, vocab_size]
-    u = torch.empty(probs.shape[0], 1, dtype=torch.float64)
-    if not batch.seeded_rows:
-        u.uniform_()
-    else:
-        if batch.unseeded_rows is not None:
-            u[batch.unseeded_rows] = torch.rand(batch.unseeded_rows.numel(), 1,
-                                                dtype=torch.float64)
-        for row in batch.seeded_rows:
-            u[row] = torch.rand(1, generator=batch.generators[row], dtype=torch.float64)
+    u = _draws_per_row(batch, 1, torch.float64, probs.device,
+                       lambda t, g: t.uniform_(generator=g))
     tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
     return tokens.clamp_(max=probs.shape[1] - 1)
+
+
+def _draws_per_row(batch: SamplingBatch, width: int, dtype: torch.dtype, device: torch.device,
+                   draw: Callable[[torch.Tensor, Optional[torch.Generator]], torch.Tensor]
+                   ) -> torch.Tensor:
+    """[num_seqs, width] random numbers, draw(tensor, generator) filling them in place: a row
+    with its own generator draws from it alone, the other rows share the default generator."""
+    out = torch.empty(batch.num_seqs, width, dtype=dtype, device=device)
+    if not batch.seeded_rows:
+        return draw(out, None)
+    if batch.unseeded_rows is not None:
+        shared = torch.empty(batch.unseeded_rows.numel(), width, dtype=dtype, device=device)
+        out[batch.unseeded_rows] = draw(shared, None)
+    for row in batch.seeded_rows:
+        draw(out[row], batch.generators[row])
+    return out

@@ -104,13 +104,13 @@ class SpecDecoder:
         self._step_start = time.perf_counter()
         self._draft_s = 0.0
         spec = self.spec_config
+        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
         if self.proposer is None or (spec.speculative_disable_by_batch_size is not None
                                      and len(running) >= spec.speculative_disable_by_batch_size):
             self.decision = Decision(0)
         elif self.controller is None:
             self.decision = Decision(spec.num_speculative_tokens, self.draft_ahead)
         else:
-            decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
             # seeded requests must come out the same on every run: timing may not change k
             seeded = any(r.sampling_params.seed is not None for r in running)
             catch_up = sum(r.num_tokens - self._seen.get(r.req_id, 0) for r in decoding)
@@ -118,15 +118,14 @@ class SpecDecoder:
                                                    catch_up)
             if self.spec_config.speculative_draft_ahead == "on" and not self.decision.probe:
                 self.decision.draft_ahead = self.draft_ahead
-        self.resting = self._plan_split(running)
+        self.resting = self._plan_split(decoding)
         return self.decision.k
 
-    def _plan_split(self, running: list[Request]) -> list[Request]:
+    def _plan_split(self, decoding: list[Request]) -> list[Request]:
         """The decoding requests to draft during this step's verification (batched overlap),
         left out of the step: those not drafted during the previous one. The first split step
         verifies the first half (drafted now, synchronously)."""
         mode = self.spec_config.speculative_batch_split
-        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
         split = (self.decision.k > 0 and len(decoding) >= 2 and self.proposer is not None
                  and getattr(self.proposer, "runs_in_own_process", False)
                  and (mode == "on" or (mode == "auto" and self.decision.split)))
