@@ -4,9 +4,10 @@ the figures in RESULTS.md are never edited by hand:
     python benchmarks/plot_results.py [--results-dir DIR] [--out-dir DIR]
 
 A speculative-decoding sweep or draft-forward run gives one picture named after its JSON
-(NAME.json -> NAME.png); latency and serving runs are grouped by the file name's machine prefix
-(the part before the first '_', e.g. h200_...) into PREFIX_latency.png and PREFIX_serving.png.
-Other JSON (kernels, trained pairs) are skipped."""
+(NAME.json -> NAME.png); latency runs are grouped by the file name's machine prefix (the part
+before the first '_', e.g. h200_...) into PREFIX_latency.png; serving runs by their first two
+name parts, one picture per sweep (h200_serving3_mp_plain_c1.json -> h200_serving3.png). Other JSON (kernels, trained pairs) are
+skipped."""
 import argparse
 import glob
 import os
@@ -41,7 +42,7 @@ def redraw(results_dir: str = RESULTS_DIR, out_dir: Optional[str] = None) -> lis
     the paths written."""
     out_dir = out_dir or results_dir
     os.makedirs(out_dir, exist_ok=True)
-    grouped = defaultdict(list)  # (kind, prefix) -> results
+    grouped = defaultdict(list)  # (kind, picture name) -> results
     written = []
     for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
         stem = os.path.splitext(os.path.basename(path))[0]
@@ -51,18 +52,20 @@ def redraw(results_dir: str = RESULTS_DIR, out_dir: Optional[str] = None) -> lis
             written.append(plots.plot_spec_decode(result, os.path.join(out_dir, stem + ".png")))
         elif kind == "draft":
             written.append(plots.plot_draft(result, os.path.join(out_dir, stem + ".png")))
-        elif kind in ("latency", "serving"):
-            grouped[(kind, stem.split("_")[0])].append(result)
+        elif kind == "latency":
+            grouped[(kind, stem.split("_")[0] + "_latency")].append(result)
+        elif kind == "serving":  # one picture per sweep: machine_run
+            grouped[(kind, "_".join(stem.split("_")[:2]))].append(result)
         else:
             print(f"skipped {os.path.basename(path)} (no picture for it)")
-    for (kind, prefix), results in sorted(grouped.items()):
-        out = os.path.join(out_dir, f"{prefix}_{kind}.png")
+    for (kind, name), results in sorted(grouped.items()):
+        out = os.path.join(out_dir, f"{name}.png")
         if kind == "latency":
             batches = defaultdict(set)
             for r in results:
                 batches[plots.latency_config(r)].add(r.get("args", {}).get("batch_size", 1))
             if max(len(b) for b in batches.values()) < 2:
-                print(f"skipped {prefix}_latency.png: no configuration ran more than one batch "
+                print(f"skipped {name}.png: no configuration ran more than one batch "
                       "size")
                 continue
             written.append(plots.plot_latency(results, out))
