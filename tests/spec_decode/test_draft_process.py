@@ -23,10 +23,11 @@ def reference(spec_target):
 
 
 def spec_engine(target: str, draft: str, **kwargs) -> LLMEngine:
+    kwargs.setdefault("speculative_adaptive", "off")
     return LLMEngine.from_engine_args(EngineArgs(
         model=target, dtype="float32", device="cpu", speculative_model=draft,
         num_speculative_tokens=3, cpu_draft_worker=True, speculative_draft_dtype="float32",
-        speculative_draft_process="on", speculative_adaptive="off", **kwargs))
+        speculative_draft_process="on", **kwargs))
 
 
 def run(engine: LLMEngine, on_step=None) -> list[list[int]]:
@@ -86,3 +87,48 @@ def test_drafter_fault_mid_generation_equals_plain(reference, spec_target, spec_
 def test_bad_draft_is_a_startup_error(spec_target, tmp_path):
     with pytest.raises(ValueError, match="missing"):
         spec_engine(spec_target, str(tmp_path / "missing"))
+
+
+def test_drafter_catches_up_during_plain_steps(reference, spec_target):
+    """Under the goodput controller a plain step sends the drafter the new tokens to catch up on
+    (never waited for): with the target as its own draft every later draft is accepted (the KV
+    it filled is right), outputs equal plain decoding, and each proposal after plain steps
+    measures the draft forward (the drafter was caught up)."""
+    from vllm.spec_decode.goodput import Decision
+
+    engine = spec_engine(spec_target, spec_target, speculative_adaptive="on")
+    spec = engine.spec
+    pattern = [0, 0, 0, 0, 1, 0, 0, 3, 3, 0, 0, 0, 2]
+    calls = {"n": 0}
+
+    def scripted(req_ids, seeded, catch_up_tokens=0):
+        k = pattern[calls["n"] % len(pattern)]
+        calls["n"] += 1
+        return Decision(k, probe=k == 1)
+
+    measured = []
+    record_step = spec.controller.record_step
+
+    def record(decision, num_decoding, num_tokens, draft_s, step_s, draft_measured):
+        measured.append((decision.k, draft_measured))
+        record_step(decision, num_decoding, num_tokens, draft_s, step_s, draft_measured)
+
+    spec.controller.decide, spec.controller.record_step = scripted, record
+    fed = {"n": 0}
+    observe = engine.proposer.observe
+
+    def counting_observe(reqs):
+        took = observe(reqs)
+        fed["n"] += took
+        return took
+
+    engine.proposer.observe = counting_observe
+    try:
+        assert run(engine) == reference
+        m = engine.spec_metrics
+        assert m.num_spec_steps > 10 and m.acceptance_rate == 1.0
+        assert fed["n"] > 10
+        after_plain = [ok for (k, ok), (prev, _) in zip(measured[1:], measured) if k and not prev]
+        assert len(after_plain) > 5 and sum(after_plain) >= len(after_plain) - 1
+    finally:
+        engine.shutdown()

@@ -4,7 +4,8 @@ keeps a DraftSequence: the target's tokens plus its own drafts, and how far its 
 
 Each propose() first catches up, in one forward, on the tokens whose KV it lacks (the prompt, the
 target's last token, the bonus token it never drafted, drafts it made but never fed back), then
-runs k - 1 one-token forwards; accept() rolls the valid KV back to the accepted prefix.
+runs k - 1 one-token forwards; accept() rolls the valid KV back to the accepted prefix. feed()
+catches up without drafting (a draft process does it during plain steps).
 propose_ahead(), called while the target verifies, drafts on past the proposal as if every draft
 will be accepted; the next propose() uses that only if the target's tokens turned out to be
 exactly the ones it guessed, and otherwise keeps the KV only where the tokens are the target's."""
@@ -188,6 +189,30 @@ class DraftModelProposer(Proposer):
                 drafts[req.req_id].append(tok)
                 probs[req.req_id].append(p)
         return drafts, probs
+
+    @torch.inference_mode()
+    def feed(self, requests: list[Request]) -> None:
+        """Catches up, in one forward, on the KV of every token of requests but its last one
+        (which the next propose() feeds as its first input), without drafting: a draft process
+        does this during plain steps, so that the next proposal (a probe of the goodput
+        controller) costs its k one-token forwards, not a catch-up on all the tokens since."""
+        live = []
+        for req in requests:
+            if req.num_tokens > self.max_model_len:
+                continue
+            self.ahead.pop(req.req_id, None)
+            if self._prepare(req, 0):
+                seq = self.seqs[req.req_id]
+                if seq.num_computed_tokens < req.num_tokens - 1:
+                    live.append(seq)
+        if not live:
+            return
+        out = SchedulerOutput(requests=live, num_scheduled_tokens=[
+            s.num_tokens - 1 - s.num_computed_tokens for s in live])
+        out.draft_token_ids = [[] for _ in live]
+        self.runner.run_model(self.runner.prepare_inputs(out))
+        for seq, n in zip(live, out.num_scheduled_tokens):
+            seq.num_computed_tokens += n
 
     @torch.inference_mode()
     def propose_ahead(self) -> None:

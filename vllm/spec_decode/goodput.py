@@ -18,50 +18,69 @@ about that much. Decisions change only how fast tokens come, never which: greedy
 rejection-sampled verification are lossless. A step with a seeded request uses the configured
 K, so that a seeded request's draws do not depend on timing.
 
+Costs are medians of the last measurements, and every proposal made while the drafter is caught
+up measures the draft forward, probes included; a draft process catches up on the tokens during
+plain steps (Proposer.observe), so a probe costs its drafting only. (Measured on the H200: with
+an average over measurements and the draft measured only in runs of speculative steps, one
+early slow proposal priced every k > 0 out for good, and each probe after plain steps paid a
+catch-up on all the tokens since.)
+
 Batched overlap (`can_split`, the draft in its own process): a split step verifies half the
 batch while the drafter drafts the other half, then the halves swap; it takes
     t_split(k, B) = max(k * t_draft(B/2), t_verify(B/2 * (k + 1)))
 for half the batch's tokens, and is chosen when that models more goodput than any unsplit k
 (by SPLIT_MARGIN): when drafting a whole batch costs about as much as verifying it."""
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass
 from typing import Optional
+
+import numpy as np
 
 
 # a split step must model this much more goodput than the best unsplit step to be chosen
 SPLIT_MARGIN = 0.05
-# a single measurement counts for at most this many times a bucket's estimate
-OUTLIER_FACTOR = 3.0
+# a cost bucket's estimate is the median of its last this many measurements
+COST_WINDOW = 7
 
 
 class CostCurve:
-    """Seconds as a function of a size, learnt online: an EMA of (size, seconds) per half-octave
-    bucket of size (one measurement counts for at most OUTLIER_FACTOR x the estimate), read by
-    linear interpolation between buckets; beyond the largest bucket the slope of the last two is
-    kept (flat with one). Never decreasing in size."""
+    """Seconds as a function of a size, learnt online: per half-octave bucket of size, the mean
+    size and the (low) median seconds of the bucket's last `window` measurements (one stall, or
+    a first measurement that paid a warm-up, is outvoted by the next; a lasting change comes
+    through after window / 2 measurements), read by linear interpolation between buckets;
+    beyond the largest bucket the slope of the last two is kept (flat with one). Never
+    decreasing in size."""
 
-    def __init__(self, decay: float = 0.8) -> None:
-        self.decay = decay
-        self.points: dict[int, list[float]] = {}  # bucket -> [size, seconds] (EMAs)
+    def __init__(self, window: int = COST_WINDOW) -> None:
+        self.window = window
+        self.samples: dict[int, deque] = {}  # bucket -> deque of (size, seconds)
+        self._points: Optional[list[tuple[float, float]]] = None  # sorted (size, seconds)
+
+    @staticmethod
+    def _bucket(size: float) -> int:
+        return round(2 * math.log2(max(size, 1)))
 
     def record(self, size: float, seconds: float) -> None:
-        bucket = round(2 * math.log2(max(size, 1)))
-        point = self.points.get(bucket)
-        if point is None:
-            self.points[bucket] = [float(size), seconds]
-        else:
-            # one stall (a graph capture, a page fault storm) moves a rarely measured bucket by
-            # at most OUTLIER_FACTOR x its estimate; a lasting change still comes through
-            seconds = min(seconds, OUTLIER_FACTOR * point[1])
-            point[0] = self.decay * point[0] + (1 - self.decay) * size
-            point[1] = self.decay * point[1] + (1 - self.decay) * seconds
+        bucket = self.samples.setdefault(self._bucket(size), deque(maxlen=self.window))
+        bucket.append((float(size), seconds))
+        self._points = None
 
     def measured(self, size: float) -> bool:
         """Whether size's bucket holds a measurement."""
-        return round(2 * math.log2(max(size, 1))) in self.points
+        return self._bucket(size) in self.samples
+
+    def points(self) -> list[tuple[float, float]]:
+        """(mean size, median seconds) per bucket, by size."""
+        if self._points is None:
+            self._points = sorted(
+                (sum(x for x, _ in b) / len(b), statistics.median_low(t for _, t in b))
+                for b in self.samples.values())
+        return self._points
 
     def estimate(self, size: float) -> Optional[float]:
-        pts = sorted(self.points.values())
+        pts = self.points()
         if not pts:
             return None
         best = pts[0][1]  # the curve is made non-decreasing: the most of the points below
@@ -98,6 +117,13 @@ def expected_tokens(a: float, k: int) -> float:
     return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+def tokens_by_k(alphas: list[float], max_k: int) -> list[float]:
+    """For k = 0..max_k: the tokens one verification of k drafts per request emits over requests
+    of acceptance alphas (the sum of expected_tokens), in one pass."""
+    powers = np.asarray(alphas, dtype=np.float64)[:, None] ** np.arange(max_k + 1)
+    return np.cumsum(powers, axis=1).sum(axis=0).tolist()
+
+
 @dataclass
 class Decision:
     k: int  # drafts per decoding request this step (0: plain decoding)
@@ -125,11 +151,12 @@ class GoodputController:
         self.engine_acceptance = Acceptance()
         self.requests: dict[str, Acceptance] = {}
         self.probe_credit = 0.0  # seconds the probes may still spend
-        self.probe_cost: Optional[float] = None  # EMA of a probe's seconds over a plain step
+        self.probe_cost: Optional[float] = None  # a probe's seconds over a plain step
         # a probe after plain steps makes the draft catch up on every token it has not seen:
         # its seconds per such token (EMA), so that a probe's cost is foreseen from the tokens
         # it would catch up on (cheapest when requests are new: their prompts only)
         self.probe_cost_per_token: Optional[float] = None
+        self._probes: deque = deque(maxlen=COST_WINDOW)  # (seconds, per caught-up token)
         self.catch_up_tokens = 0  # of the decoding requests now (set by decide)
         self.last = Decision(0)
         self.num_probes = 0
@@ -141,9 +168,19 @@ class GoodputController:
     # estimates
 
     def acceptance(self, req_id: Optional[str] = None) -> float:
+        return self.acceptances([req_id])[0] if req_id is not None else (
+            self.engine_acceptance.estimate(self.prior_acceptance, self.prior_weight))
+
+    def acceptances(self, req_ids: list[str]) -> list[float]:
+        """Each request's acceptance estimate (the engine's as its prior)."""
         engine = self.engine_acceptance.estimate(self.prior_acceptance, self.prior_weight)
-        req = self.requests.get(req_id) if req_id is not None else None
-        return engine if req is None else req.estimate(engine, self.prior_weight)
+        w, get = self.prior_weight, self.requests.get
+        out = []
+        for req_id in req_ids:
+            r = get(req_id)
+            out.append(engine if r is None else
+                       (r.accepted + w * engine) / (r.accepted + r.rejections + w))
+        return out
 
     def step_seconds(self, k: int, batch: int) -> Optional[float]:
         """Modelled seconds of a decode step of batch requests drafting k each (None when the
@@ -160,7 +197,7 @@ class GoodputController:
 
     def goodput(self, k: int, alphas: list[float]) -> Optional[float]:
         t = self.step_seconds(k, len(alphas))
-        return None if t is None else sum(expected_tokens(a, k) for a in alphas) / t
+        return None if t is None else tokens_by_k(alphas, k)[k] / t
 
     def split_step_seconds(self, k: int, batch: int) -> Optional[float]:
         """Modelled seconds of a split step: half the batch is verified (k drafts each) while
@@ -177,13 +214,16 @@ class GoodputController:
             draft = min(draft, self.t_draft.estimate(batch) * other / batch)
         return max(k * draft, max(plain, verify))
 
-    def split_goodput(self, k: int, alphas: list[float]) -> Optional[float]:
-        """Tokens per second of split steps: each emits the tokens of half the batch."""
+    def split_goodput(self, k: int, alphas: list[float],
+                      tokens: Optional[list[float]] = None) -> Optional[float]:
+        """Tokens per second of split steps: each emits the tokens of half the batch.
+        tokens: tokens_by_k(alphas), when the caller has it."""
         t = self.split_step_seconds(k, len(alphas))
         if t is None:
             return None
+        tokens = tokens or tokens_by_k(alphas, k)
         half = len(alphas) - len(alphas) // 2
-        return sum(expected_tokens(a, k) for a in alphas) / len(alphas) * half / t
+        return tokens[k] / len(alphas) * half / t
 
     # decisions
 
@@ -196,18 +236,20 @@ class GoodputController:
         elif not req_ids:
             decision = Decision(0)
         else:
-            decision = self._choose([self.acceptance(r) for r in req_ids])
+            decision = self._choose(self.acceptances(req_ids))
         self.last = decision
         self.k_histogram[decision.k] += 1
         return decision
 
     def _choose(self, alphas: list[float]) -> Decision:
-        plain = self.goodput(0, alphas)
-        if plain is None:
+        batch = len(alphas)
+        if self.step_seconds(0, batch) is None:
             return Decision(0)  # measure a plain step first: it costs nothing extra
-        rates = [plain] + [self.goodput(k, alphas) for k in range(1, self.max_k + 1)]
+        tokens = tokens_by_k(alphas, self.max_k)
+        rates = [tokens[k] / self.step_seconds(k, batch) for k in range(self.max_k + 1)]
+        plain = rates[0]
         k = max(range(len(rates)), key=lambda i: (rates[i], -i))
-        split = self._best_split(alphas)
+        split = self._best_split(alphas, tokens)
         if split is not None and split[1] > rates[k] * (1 + SPLIT_MARGIN):
             self.num_split_steps += 1
             return Decision(split[0], False, False, split[1] / plain, split=True)
@@ -229,14 +271,15 @@ class GoodputController:
             return max(modelled, self.probe_cost_per_token * max(self.catch_up_tokens, batch))
         return self.probe_cost if self.probe_cost is not None else modelled
 
-    def _best_split(self, alphas: list[float]) -> Optional[tuple[int, float]]:
+    def _best_split(self, alphas: list[float],
+                    tokens: list[float]) -> Optional[tuple[int, float]]:
         """(k, modelled tokens/s) of the best split step, or None when splitting is not an
         option (fewer than 2 decoding requests, no draft process) or not modelled yet."""
         if not self.can_split or len(alphas) < 2:
             return None
         best = None
         for k in range(1, self.max_k + 1):
-            rate = self.split_goodput(k, alphas)
+            rate = self.split_goodput(k, alphas, tokens)
             if rate is not None and (best is None or rate > best[1]):
                 best = (k, rate)
         return best
@@ -260,20 +303,19 @@ class GoodputController:
     def record_step(self, decision: Decision, num_decoding: int, num_tokens: int,
                     draft_s: float, step_s: float, draft_measured: bool) -> None:
         """A decode-only step ran: num_decoding requests, num_tokens tokens verified, draft_s of
-        its step_s seconds spent proposing. draft_measured: the proposal was an ordinary one
-        (each drafting request drafted in the previous step too, so the draft caught up on one
-        or two tokens only, not on a prompt or a run of plain steps)."""
+        its step_s seconds spent proposing. draft_measured: the drafter was caught up (each
+        drafting request drafted in the previous step, or the drafter had seen all its tokens
+        but the last one or two), so draft_s is k forwards, not a catch-up on a prompt or on a
+        run of plain steps."""
         if decision.probe:
             plain = self.t_verify.estimate(num_decoding)
             if plain is not None:
                 extra = max(step_s - plain, draft_s)  # at least its drafting, however noisy
-                # a probe after a run of plain steps pays the draft's catch-up on every token
-                # since: the cost rises to what was seen at once and falls back slowly
-                self.probe_cost = extra if self.probe_cost is None else max(
-                    extra, 0.8 * self.probe_cost + 0.2 * extra)
-                per_token = extra / max(self.catch_up_tokens, num_decoding)
-                self.probe_cost_per_token = per_token if self.probe_cost_per_token is None else (
-                    max(per_token, 0.8 * self.probe_cost_per_token + 0.2 * per_token))
+                # a probe after a run of plain steps may pay the draft's catch-up on every
+                # token since: its cost per caught-up token (medians of the last probes)
+                self._probes.append((extra, extra / max(self.catch_up_tokens, num_decoding)))
+                self.probe_cost = statistics.median_low(e for e, _ in self._probes)
+                self.probe_cost_per_token = statistics.median_low(t for _, t in self._probes)
         self.t_verify.record(num_tokens, max(step_s - draft_s, 0.0))
         if decision.k > 0 and draft_measured and not decision.split:
             self.t_draft.record(num_decoding, draft_s / decision.k)

@@ -51,6 +51,12 @@ class Proposer(ABC):
         guessing that every draft is accepted, and use that at the next propose() if the guess
         was right."""
 
+    def observe(self, requests: list[Request]) -> bool:
+        """A plain step is about to run for requests: a proposer with time to spare (its own
+        process and cores) may catch up on their tokens meanwhile, never making the engine
+        wait. True if it took them (their tokens are then as good as seen by a proposal)."""
+        return False
+
     def accept(self, req: Request, num_accepted: int) -> None:
         """requests[i] kept num_accepted of its drafts (plus one target token)."""
 

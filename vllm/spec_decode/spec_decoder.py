@@ -5,7 +5,8 @@ a request) and the metrics. With no speculative model every method is a no-op an
 
 Per step the engine calls: plan() -> k (KV slots the scheduler reserves per decoding request;
 `resting`: requests left out of a split step), propose() (drafts into those slots; in a split
-step it also sends the resting requests to be drafted during the verification), ahead_hook()
+step it also sends the resting requests to be drafted during the verification; in a plain step
+under the controller a draft process catches up on the tokens meanwhile), ahead_hook()
 (work to overlap with the verification), verified() (the target's verdict: rolls the drafter
 back, informs the controller), record_emitted() per request (what a stop left of its tokens),
 end_step()."""
@@ -149,7 +150,14 @@ class SpecDecoder:
         start = time.perf_counter()
         ready = self._collect_inflight()
         idx = [i for i, n in enumerate(out.num_lookahead) if n > 0]
+        if not idx and self.controller is not None:
+            self._observe(out)
         need = [i for i in idx if out.requests[i].req_id not in ready]
+        # a proposal measures the draft forward when the drafter is caught up: it drafted for
+        # the request in the last step, or saw its tokens but the last one or two
+        fresh = all(out.requests[i].req_id in self._drafted_last_step
+                    or out.requests[i].num_tokens - self._seen.get(out.requests[i].req_id, 0)
+                    <= 2 for i in need)
         if need:
             ready.update(self._propose_now([out.requests[i] for i in need],
                                            [out.num_lookahead[i] for i in need]))
@@ -172,9 +180,17 @@ class SpecDecoder:
         self.metrics.draft_time_s += self._draft_s
         self.metrics.num_propose_calls += 1
         drafted = {out.requests[i].req_id for i in idx if out.draft_token_ids[i]}
-        self._draft_measured = bool(drafted) and drafted <= self._drafted_last_step
+        self._draft_measured = bool(drafted) and fresh
         self._drafted_last_step = drafted
         return bool(drafted)
+
+    def _observe(self, out: SchedulerOutput) -> None:
+        """A plain step: a proposer with cores of its own catches up on the decoding requests'
+        tokens meanwhile (the controller's next probe then costs drafting only)."""
+        reqs = [r for r, n in zip(out.requests, out.num_scheduled_tokens) if n == 1]
+        if reqs and self.proposer.observe(reqs):
+            for r in reqs:
+                self._seen[r.req_id] = r.num_tokens
 
     def _propose_now(self, reqs: list[Request], ks: list[int]) -> dict[str, tuple]:
         """req_id -> (drafts, probs) from the proposer, waited for; {} if it failed."""
