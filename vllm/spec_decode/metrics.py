@@ -11,8 +11,12 @@ class SpecDecodeMetrics:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_emitted_tokens: int = 0  # accepted drafts + the target's own token, per spec step
-    draft_time_s: float = 0.0
+    draft_time_s: float = 0.0  # the engine's wait for drafts
     verify_time_s: float = 0.0
+    # of the waited-for proposals: seconds the proposer said it computed (the rest of the wait
+    # is messaging and waking up), and of those its first forwards' (catch-up)
+    drafter_busy_s: float = 0.0
+    drafter_first_forward_s: float = 0.0
 
     def record(self, num_drafts: int, num_emitted: int, num_accepted: int) -> None:
         self.num_spec_steps += 1

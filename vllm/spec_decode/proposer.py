@@ -20,8 +20,10 @@ class Proposal:
     # or None when the proposal is deterministic (greedy drafts, n-gram lookup)
     draft_probs: list[Optional[torch.Tensor]] = field(default_factory=list)
     # seconds the proposer computed for, where it knows (a draft process measures its own
-    # drafting, which the engine's wait does not show when it overlaps the verification)
+    # drafting, which the engine's wait does not show when it overlaps the verification), and
+    # of those its first forward's (the catch-up on the tokens it had not seen)
     seconds: Optional[float] = None
+    first_forward_seconds: Optional[float] = None
 
 
 class ProposalHandle:

@@ -201,6 +201,8 @@ class SpecDecoder:
             logger.exception("the proposer failed; this step runs without speculation")
             self.free(reqs)
             return {}
+        self.metrics.drafter_busy_s += proposal.seconds or 0.0
+        self.metrics.drafter_first_forward_s += proposal.first_forward_seconds or 0.0
         return {r.req_id: (d, p) for r, d, p in zip(reqs, proposal.draft_token_ids,
                                                     proposal.draft_probs)}
 
