@@ -43,7 +43,8 @@ class SchedulerOutput:
 class Appended:
     """What Scheduler.update kept of a request's new tokens: the first num_kept (a speculative
     step's tokens after a stop are dropped), and the status the request ends with (None: it
-    goes on). The caller finishes it (finish_request): its text may still end it earlier."""
+    goes on). The caller finishes it (finish_request) after checking its stop strings, which
+    need its text and take precedence over this status."""
     num_kept: int
     status: Optional[RequestStatus] = None
 
