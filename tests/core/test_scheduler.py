@@ -1,8 +1,11 @@
-"""Scheduler: token budget, chunked prompts, preemption of the newest request, nothing lost."""
+"""Scheduler: token budget, chunked prompts, preemption of the newest request, nothing lost;
+appending stops at the first token that ends a request."""
+import pytest
+
 from vllm.config import SchedulerConfig
 from vllm.core.block_manager import BlockManager
 from vllm.core.request import Request, RequestStatus
-from vllm.core.scheduler import Scheduler
+from vllm.core.scheduler import Appended, Scheduler
 from vllm.sampling_params import SamplingParams
 
 
@@ -57,3 +60,42 @@ def test_max_num_seqs_limits_admission():
     for i in range(3):
         s.add_request(req(str(i), 3))
     assert len(s.schedule().requests) == 2
+
+
+EOS = 2
+
+
+@pytest.mark.parametrize("params, new_ids, num_kept, status, stop_reason", [
+    (SamplingParams(max_tokens=8), [4, EOS, 6, 9], 2, RequestStatus.FINISHED_STOPPED, None),
+    (SamplingParams(max_tokens=8, stop_token_ids=[6]), [4, 3, 6, 9], 3,
+     RequestStatus.FINISHED_STOPPED, 6),
+    (SamplingParams(max_tokens=3), [4, 3, 6, 9], 2, RequestStatus.FINISHED_LENGTH_CAPPED, None),
+    # the eos at output position 2 is under min_tokens; the one at position 4 ends it
+    (SamplingParams(max_tokens=8, min_tokens=3), [EOS, 3, EOS, 9], 3,
+     RequestStatus.FINISHED_STOPPED, None),
+    (SamplingParams(max_tokens=8), [4, 3, 6, 9], 4, None, None),
+], ids=["eos", "stop-token-id", "max-tokens", "min-tokens", "no-stop"])
+def test_update_stops_at_the_first_stop_inside_a_speculative_append(params, new_ids, num_kept,
+                                                                     status, stop_reason):
+    """A verification appends accepted drafts plus a target token at once: update keeps them
+    up to the first one that ends the request and drops the rest."""
+    s, _ = make()
+    r = Request("a", None, [1, 1, 1], params, EOS)
+    s.add_request(r)
+    out = s.schedule()
+    assert s.update(out, [[5]]) == [Appended(1)]  # the prompt's token
+    out = s.schedule(num_lookahead=3)
+    assert out.num_lookahead == [3]
+    out.draft_token_ids[0] = new_ids[:3]  # as the proposer fills them in
+    out.num_scheduled_tokens[0] += 3
+    assert s.update(out, [new_ids]) == [Appended(num_kept, status)]
+    assert r.output_token_ids == [5] + new_ids[:num_kept]
+    assert r.stop_reason == stop_reason
+
+
+def test_update_reports_nothing_for_a_request_mid_prompt():
+    s, _ = make(budget=4)
+    r = req("a", 6)
+    s.add_request(r)
+    out = s.schedule()
+    assert s.update(out, [None]) == [None] and r.output_token_ids == []

@@ -1,7 +1,9 @@
 """Scheduler: continuous batching. Each step gives every running request its next tokens (one
 for decode, a chunk for a prompt) and admits waiting requests while the token budget, the
 sequence limit and the KV blocks allow. When blocks run out it preempts the newest running
-request (its blocks are freed; it is recomputed from its tokens later), so nothing is lost."""
+request (its blocks are freed; it is recomputed from its tokens later), so nothing is lost.
+After the step it appends what each request sampled, token by token, up to the first token
+that ends it (eos, a stop token id, max_tokens, max_model_len)."""
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -35,6 +37,34 @@ class SchedulerOutput:
 
     def is_empty(self) -> bool:
         return not self.requests
+
+
+@dataclass
+class Appended:
+    """What Scheduler.update kept of a request's new tokens: the first num_kept (a speculative
+    step's tokens after a stop are dropped), and the status the request ends with (None: it
+    goes on). The caller finishes it (finish_request) after checking its stop strings, which
+    need its text and take precedence over this status."""
+    num_kept: int
+    status: Optional[RequestStatus] = None
+
+
+def check_token_stop(req: Request, token_id: int, num_out: int, max_model_len: int
+                     ) -> Optional[RequestStatus]:
+    """Whether req ends at its num_out-th output token, token_id (eos, a stop token id, or a
+    length limit); sets req.stop_reason for a stop token id."""
+    params = req.sampling_params
+    if num_out >= params.min_tokens:
+        if not params.ignore_eos and token_id == req.eos_token_id:
+            return RequestStatus.FINISHED_STOPPED
+        if token_id in params.stop_token_ids:
+            req.stop_reason = token_id
+            return RequestStatus.FINISHED_STOPPED
+    if params.max_tokens is not None and num_out >= params.max_tokens:
+        return RequestStatus.FINISHED_LENGTH_CAPPED
+    if req.num_prompt_tokens + num_out >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH_CAPPED
+    return None
 
 
 class Scheduler:
@@ -136,18 +166,33 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
 
-    def update(self, out: SchedulerOutput, sampled: list[Optional[list[int]]]) -> None:
+    def update(self, out: SchedulerOutput, sampled: list[Optional[list[int]]]
+               ) -> list[Optional[Appended]]:
         """Advances each scheduled request by its scheduled tokens and appends what it sampled
         (None for a request still in the middle of its prompt; with drafts, the accepted drafts
-        and one target token)."""
+        and one target token) up to the first token that ends it. Returns, aligned with
+        out.requests, what each kept and its stop status (None: nothing was appended)."""
+        appended: list[Optional[Appended]] = []
         for req, num_new, drafts, new_ids in zip(out.requests, out.num_scheduled_tokens,
                                                  out.draft_token_ids, sampled):
             if req.status != RequestStatus.RUNNING:
+                appended.append(None)
                 continue
             # with drafts, the KV of the last token and of the accepted drafts is kept
             req.num_computed_tokens += len(new_ids) if drafts else num_new
-            if new_ids:
-                req.output_token_ids.extend(new_ids)
+            appended.append(self._append(req, new_ids) if new_ids else None)
+        return appended
+
+    def _append(self, req: Request, new_ids: list[int]) -> Appended:
+        """Appends new_ids to req one by one (a speculative step brings several) until one ends
+        it; the tokens after that one are dropped."""
+        for j, token_id in enumerate(new_ids):
+            req.output_token_ids.append(token_id)
+            status = check_token_stop(req, token_id, len(req.output_token_ids),
+                                      self.max_model_len)
+            if status is not None:
+                return Appended(j + 1, status)
+        return Appended(len(new_ids))
 
     def finish_request(self, req: Request, status: RequestStatus) -> None:
         if req.is_finished:

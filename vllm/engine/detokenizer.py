@@ -1,6 +1,7 @@
-"""Incremental detokenization and stop checks. Text grows by decoding a short window of recent
-tokens (seeded with the prompt's tail so leading spaces come out right) and holding back text
-that ends in an incomplete UTF-8 sequence."""
+"""Incremental detokenization and the stop-string check (the stops at a token are the
+Scheduler's). Text grows by decoding a short window of recent tokens (seeded with the prompt's
+tail so leading spaces come out right) and holding back text that ends in an incomplete UTF-8
+sequence."""
 from typing import Any, Optional
 
 from vllm.core.request import Request, RequestStatus
@@ -51,24 +52,6 @@ class Detokenizer:
         self._state[req.req_id] = (ids, prefix_offset, read_offset)
         req.output_text += delta
         return delta
-
-
-def check_token_stop(req: Request, token_id: int, num_out: int, max_model_len: int
-                     ) -> Optional[RequestStatus]:
-    """Whether req ends at its num_out-th output token, token_id (eos, a stop token id, or a
-    length limit); sets req.stop_reason for a stop token id."""
-    params = req.sampling_params
-    if num_out >= params.min_tokens:
-        if not params.ignore_eos and token_id == req.eos_token_id:
-            return RequestStatus.FINISHED_STOPPED
-        if token_id in params.stop_token_ids:
-            req.stop_reason = token_id
-            return RequestStatus.FINISHED_STOPPED
-    if params.max_tokens is not None and num_out >= params.max_tokens:
-        return RequestStatus.FINISHED_LENGTH_CAPPED
-    if req.num_prompt_tokens + num_out >= max_model_len:
-        return RequestStatus.FINISHED_LENGTH_CAPPED
-    return None
 
 
 def check_stop_strings(req: Request, new_text: str) -> Optional[RequestStatus]:

@@ -14,8 +14,10 @@ What a request passes through, who owns it, and where it lives:
                                            over the paged KV cache (device memory), samples
                                            (device), returns token ids (CPU); with tensor
                                            parallelism on every rank's Worker, rank 0 samples
-    3. Scheduler.update()                  appends tokens, advances num_computed_tokens (CPU)
-    4. Detokenizer + check_stop()          text grows, stop conditions end requests; finished
+    3. Scheduler.update()                  appends tokens up to the first that ends its request
+                                           (eos, stop token ids, max_tokens, max_model_len),
+                                           advances num_computed_tokens (CPU)
+    4. Detokenizer + check_stop_strings()  text grows, stop strings end requests too; finished
                                            requests' KV blocks go back to the BlockManager (in
                                            an engine core process only requests with stop
                                            strings get text here; the API server's
@@ -51,9 +53,9 @@ import torch
 from vllm.config import VllmConfig
 from vllm.core.block_manager import BlockManager
 from vllm.core.request import Request, RequestStatus
-from vllm.core.scheduler import Scheduler, SchedulerOutput
+from vllm.core.scheduler import Appended, Scheduler, SchedulerOutput
 from vllm.engine.arg_utils import EngineArgs
-from vllm.engine.detokenizer import Detokenizer, check_stop_strings, check_token_stop
+from vllm.engine.detokenizer import Detokenizer, check_stop_strings
 from vllm.engine.step_timer import StepTimer
 from vllm.engine.stream_detokenizer import text_in_engine
 from vllm.engine.tokenizer import get_tokenizer
@@ -278,28 +280,29 @@ class LLMEngine:
         start = time.perf_counter()
         result = self.model_executor.execute_model(sched_out, self.spec.ahead_hook(speculating))
         timer.mark("execute")
-        self.scheduler.update(sched_out, result.sampled)
+        appended = self.scheduler.update(sched_out, result.sampled)
         self.spec.verified(sched_out, result.sampled, time.perf_counter() - start)
         timer.mark("update")
-        outputs = self._make_step_outputs(sched_out, result)
+        outputs = self._make_step_outputs(sched_out, result, appended)
         self.spec.end_step(sched_out)
         timer.mark("outputs")
         return outputs
 
-    def _make_step_outputs(self, sched_out: SchedulerOutput,
-                           result: RunnerOutput) -> list[RequestOutput]:
-        """Stop checks, text and logprobs of what the step sampled; the callers' outputs."""
+    def _make_step_outputs(self, sched_out: SchedulerOutput, result: RunnerOutput,
+                           appended: list[Optional[Appended]]) -> list[RequestOutput]:
+        """Text, stop strings and logprobs of what the step appended; finished requests freed;
+        the callers' outputs."""
         # group id -> why it failed: those groups are finished with an error below
         failed = {sched_out.requests[i].group_id: msg for i, msg in result.failed.items()}
         self._record_logprobs(sched_out.requests, result, failed)
         touched: dict[str, None] = {}
         now = time.time()
-        for i, (req, drafts, new_ids) in enumerate(zip(sched_out.requests,
-                                                       sched_out.draft_token_ids, result.sampled)):
-            if not new_ids or req.is_finished or req.group_id in failed:
+        for i, (req, drafts, new_ids, kept) in enumerate(zip(
+                sched_out.requests, sched_out.draft_token_ids, result.sampled, appended)):
+            if kept is None or req.is_finished or req.group_id in failed:
                 continue
             try:
-                self._process_new_tokens(req, i, drafts, new_ids, result, now)
+                self._process_new_tokens(req, i, drafts, new_ids, kept, result, now)
             except Exception as e:  # noqa: BLE001 - this request alone fails
                 logger.exception("request %s failed", req.group_id)
                 failed[req.group_id] = f"{type(e).__name__}: {e}"
@@ -318,12 +321,14 @@ class LLMEngine:
         return outputs + self._fail_groups(failed)
 
     def _process_new_tokens(self, req: Request, i: int, drafts: list[int], new_ids: list[int],
-                            result: RunnerOutput, now: float) -> None:
-        """Stop checks, text, logprobs and speculation counts of the tokens req just got."""
+                            kept: Appended, result: RunnerOutput, now: float) -> None:
+        """Text, stop strings, logprobs and speculation counts of the tokens req just got (the
+        scheduler kept the first kept.num_kept of new_ids); finishes req if it ended."""
         if req.first_token_time is None:
             req.first_token_time = now
             self.step_timer.first_token(now - req.arrival_time)
-        status, num_kept = self._append_checked(req, new_ids)
+        num_kept = kept.num_kept
+        status = self._grow_text(req, new_ids[:num_kept]) or kept.status
         if i in result.token_logprobs and req.logprobs is not None:
             entries = self._logprob_entries(result.token_logprobs[i],
                                             [req.sampling_params.logprobs] * num_kept)
@@ -358,23 +363,13 @@ class LLMEngine:
             outputs.append(output)
         return outputs
 
-    def _append_checked(self, req: Request, new_ids: list[int]
-                        ) -> tuple[Optional[RequestStatus], int]:
-        """Checks the tokens just appended to req one by one (a speculative step appends
-        several); drops those after a stop, then grows the text and checks stop strings.
-        Returns the status and how many of new_ids were kept."""
-        base = len(req.output_token_ids) - len(new_ids)
-        status = None
-        for j, token_id in enumerate(new_ids):
-            status = check_token_stop(req, token_id, base + j + 1, self.max_model_len)
-            if status is not None:
-                del req.output_token_ids[base + j + 1:]
-                new_ids = new_ids[:j + 1]
-                break
+    def _grow_text(self, req: Request, kept_ids: list[int]) -> Optional[RequestStatus]:
+        """Grows req's text by the tokens it kept and checks its stop strings (FINISHED_STOPPED
+        when one appeared, else None)."""
         if not (self.detokenize_all or text_in_engine(req.sampling_params)):
-            return status, len(new_ids)  # the caller makes the text (StreamDetokenizer)
-        new_text = self.detokenizer.decode_new_tokens(req, new_ids)
-        return check_stop_strings(req, new_text) or status, len(new_ids)
+            return None  # the caller makes the text (StreamDetokenizer)
+        new_text = self.detokenizer.decode_new_tokens(req, kept_ids)
+        return check_stop_strings(req, new_text)
 
     def _logprob_entry(self, ids: list[int], lps: list[float], rank: int,
                        num: int) -> dict[int, Logprob]:

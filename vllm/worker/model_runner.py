@@ -15,9 +15,9 @@ from vllm.core.scheduler import SchedulerOutput
 from vllm.distributed.parallel_state import get_world
 from vllm.forward_context import AttentionMetadata, set_forward_context
 from vllm.model_executor.model_loader.loader import get_model
+from vllm.model_executor.rejection_sampler import RejectionSampler, VerificationInputs
 from vllm.model_executor.sampler import (LogprobsTensors, Sampler, SamplerOutput, SamplingBatch,
                                          compute_prompt_logprobs, nonfinite_logit_rows)
-from vllm.spec_decode.rejection_sampler import RejectionSampler, VerificationInputs
 from vllm.worker import kv_cache
 from vllm.worker.cuda_graph import CudaGraphRunner
 

@@ -6,9 +6,9 @@ import math
 
 import torch
 
+from vllm.model_executor.rejection_sampler import RejectionSampler
 from vllm.model_executor.sampler import SamplingBatch
 from vllm.sampling_params import SamplingParams
-from vllm.spec_decode.rejection_sampler import RejectionSampler
 
 VOCAB = 6
 CRITICAL_P = 1e-4  # the tests fail when the statistic's p-value is below this
