@@ -30,7 +30,7 @@ def simulate(ctrl: GoodputController, alpha: float, verify, draft, batch: int,
             half, other = ids[:batch - batch // 2], ids[batch - batch // 2:]
             verify_s = verify(len(half) * (k + 1))
             step_s = max(k * draft(len(other)), verify_s)
-            ctrl.record_draft(len(other), draft(len(other)))
+            ctrl.record_draft(len(other), k, k * draft(len(other)))
             ctrl.record_step(d, len(half), len(half) * (k + 1), step_s - verify_s, step_s,
                              False)
             verified = half

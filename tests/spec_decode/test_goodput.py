@@ -104,7 +104,7 @@ def test_a_probe_is_priced_by_the_tokens_the_draft_must_catch_up_on():
         ctrl.record_step(d, 8, 8 * (d.k + 1), 0.0, 6e-3, False)
     for r in ids:
         ctrl.record_verdict(r, 1, 0)
-    ctrl.record_draft(8, 2e-3)
+    ctrl.record_draft(8, 1, 2e-3)
     ctrl.decide(ids, seeded=False, catch_up_tokens=800)
     ctrl.record_step(Decision(1, probe=True), 8, 16, 0.08, 0.086, False)
     assert ctrl.probe_cost_per_token == pytest.approx(0.08 / 800)
@@ -213,3 +213,39 @@ def test_controller_is_on_by_default_and_can_be_turned_off(spec_target):
     assert LLM(spec_target, **kw).llm_engine.spec.controller is not None
     off = LLM(spec_target, speculative_adaptive="off", **kw).llm_engine
     assert off.spec.controller is None and "controller_k" not in off.stats().spec_decode
+
+
+def test_a_fixed_cost_per_proposal_is_told_from_the_cost_per_forward():
+    """The draft process on the H200: a proposal costs ~3 ms beyond its forwards (messages,
+    waking up) and 0.7 ms per forward. From the drafter's own timing of its forwards the
+    controller models both, so it reaches the best fixed k; a model of k equal forwards prices
+    small k too cheap and large k too dear."""
+    fixed, forward = 3e-3, 0.7e-3
+
+    def run(ctrl, fixed_k=None, timed=True, seed=5):
+        rng = random.Random(seed)
+        tokens, seconds = 0, 0.0
+        prev_k = 0
+        for _ in range(600):
+            d = ctrl.decide(["r0"], seeded=False)
+            if fixed_k is not None:
+                d.k = fixed_k
+            k = d.k
+            draft_s = fixed + k * forward if k else 0.0
+            step_s = draft_s + gpu_like(k + 1)
+            n = next((j for j in range(k) if rng.random() >= 0.8), k)
+            ctrl.record_verdict("r0", k, n)
+            tokens += n + 1
+            seconds += step_s
+            timing = (k * forward, forward) if timed and k else (None, None)
+            ctrl.record_step(d, 1, k + 1, draft_s, step_s, k > 0, *timing)
+            prev_k = k
+        return tokens / seconds, prev_k
+
+    best = max(run(GoodputController(max_k=8), fixed_k=k)[0] for k in range(9))
+    rate, _ = run(GoodputController(max_k=8))
+    assert rate > 0.95 * best
+    ctrl = GoodputController(max_k=8)
+    run(ctrl)
+    assert ctrl.t_first.estimate(1) == pytest.approx(fixed + forward)
+    assert ctrl.t_draft.estimate(1) == pytest.approx(forward)

@@ -4,10 +4,15 @@ SmartSpec: Liu et al. 2024, "Optimizing Speculative Decoding for Serving Large L
 Using Goodput").
 
 Model of a decode step over B requests drafting k tokens each:
-    t(k, B) = k * t_draft(B) + t_verify(B * (k + 1))
+    t(k, B) = t_first(B) + (k - 1) * t_draft(B) + t_verify(B * (k + 1))
     goodput(k) = sum over requests of (1 - a_r^(k+1)) / (1 - a_r) / t(k, B)
-t_draft (one draft forward, by the number of drafting requests) and t_verify (the rest of the
-step, by its token count) are learnt online (CostCurve); a_r, request r's acceptance, is
+t_draft (one later draft forward, by the number of drafting requests), t_first (the rest of
+the engine's wait for a proposal: its first forward, which also catches up on the last one or
+two tokens, and, for a draft process, the messages and its waking up) and t_verify (the rest of
+the step, by its token count) are learnt online (CostCurve), t_first and t_draft apart from the
+drafter's own timing of its forwards (measured on the H200: a one-draft proposal from the draft
+process cost 3.6 ms against 0.7 ms per later forward, so a cost per forward alone priced small
+k too cheap and large k too dear); a_r, request r's acceptance, is
 estimated from its verdicts with the engine-wide estimate as its prior, and that one from its
 own verdicts with a fixed prior. One k for the whole batch: the verification's CUDA graphs are
 keyed by (batch, tokens per sequence), so every decoding request drafts the same k.
@@ -146,7 +151,8 @@ class GoodputController:
         # the draft runs on another device than the target: drafting ahead overlaps the
         # verification (else the engine does not draft ahead, or it is forced on)
         self.draft_ahead_overlaps = draft_ahead_overlaps
-        self.t_draft = CostCurve()  # one draft forward, by drafting requests
+        self.t_draft = CostCurve()  # one later draft forward, by drafting requests
+        self.t_first = CostCurve()  # a proposal's wait less its later forwards, by requests
         self.t_verify = CostCurve()  # the step less drafting, by tokens
         self.engine_acceptance = Acceptance()
         self.requests: dict[str, Acceptance] = {}
@@ -182,18 +188,27 @@ class GoodputController:
                        (r.accepted + w * engine) / (r.accepted + r.rejections + w))
         return out
 
+    def propose_seconds(self, k: int, batch: int) -> float:
+        """Modelled seconds of a proposal of k drafts for batch requests: t_first plus k - 1
+        later forwards. Unmeasured drafting is taken as free, so that it is tried until a
+        proposal made while the drafter was caught up has measured it (once per engine:
+        afterwards the curves cover every batch size)."""
+        if k == 0:
+            return 0.0
+        draft = self.t_draft.estimate(batch)
+        if draft is None:
+            return 0.0
+        first = self.t_first.estimate(batch)
+        return (draft if first is None else first) + (k - 1) * draft
+
     def step_seconds(self, k: int, batch: int) -> Optional[float]:
         """Modelled seconds of a decode step of batch requests drafting k each (None when the
-        plain step is not measured yet). An unmeasured draft forward is taken as free, so that
-        drafting is tried until two speculative steps in a row have measured it (once per
-        engine: afterwards the curve covers every batch size)."""
+        plain step is not measured yet)."""
         plain = self.t_verify.estimate(batch)
         if plain is None or k == 0:
             return plain
-        draft = self.t_draft.estimate(batch)
-        if draft is None:
-            draft = 0.0
-        return k * draft + max(plain, self.t_verify.estimate(batch * (k + 1)))
+        return self.propose_seconds(k, batch) + max(plain,
+                                                    self.t_verify.estimate(batch * (k + 1)))
 
     def goodput(self, k: int, alphas: list[float]) -> Optional[float]:
         t = self.step_seconds(k, len(alphas))
@@ -205,14 +220,14 @@ class GoodputController:
         half, other = batch - batch // 2, batch // 2
         plain = self.t_verify.estimate(half)
         verify = self.t_verify.estimate(half * (k + 1))
-        draft = self.t_draft.estimate(other)
-        if plain is None or verify is None or draft is None:
+        if plain is None or verify is None or self.t_draft.estimate(other) is None:
             return None
+        draft = self.propose_seconds(k, other)
         if not self.t_draft.measured(other):
             # never measured at this batch: optimistically proportional to the whole batch's
             # cost, so that one split is tried; its measurement then corrects the model
-            draft = min(draft, self.t_draft.estimate(batch) * other / batch)
-        return max(k * draft, max(plain, verify))
+            draft = min(draft, self.propose_seconds(k, batch) * other / batch)
+        return max(draft, max(plain, verify))
 
     def split_goodput(self, k: int, alphas: list[float],
                       tokens: Optional[list[float]] = None) -> Optional[float]:
@@ -301,12 +316,15 @@ class GoodputController:
     # measurements
 
     def record_step(self, decision: Decision, num_decoding: int, num_tokens: int,
-                    draft_s: float, step_s: float, draft_measured: bool) -> None:
+                    draft_s: float, step_s: float, draft_measured: bool,
+                    drafter_s: Optional[float] = None,
+                    first_forward_s: Optional[float] = None) -> None:
         """A decode-only step ran: num_decoding requests, num_tokens tokens verified, draft_s of
         its step_s seconds spent proposing. draft_measured: the drafter was caught up (each
         drafting request drafted in the previous step, or the drafter had seen all its tokens
         but the last one or two), so draft_s is k forwards, not a catch-up on a prompt or on a
-        run of plain steps."""
+        run of plain steps. drafter_s, first_forward_s: the drafter's own timing of the
+        proposal and of its first forward, where it reports them."""
         if decision.probe:
             plain = self.t_verify.estimate(num_decoding)
             if plain is not None:
@@ -318,14 +336,30 @@ class GoodputController:
                 self.probe_cost_per_token = statistics.median_low(t for _, t in self._probes)
         self.t_verify.record(num_tokens, max(step_s - draft_s, 0.0))
         if decision.k > 0 and draft_measured and not decision.split:
-            self.t_draft.record(num_decoding, draft_s / decision.k)
+            self._record_proposal(num_decoding, decision.k, draft_s, drafter_s,
+                                  first_forward_s)
         if decision.k == 0:
             self.probe_credit += self.probe_fraction * step_s
 
-    def record_draft(self, num_requests: int, seconds_per_forward: float) -> None:
-        """A draft forward over num_requests took this long, as the drafter measured it (a
-        split step's drafting overlaps the verification: the engine's wait does not show it)."""
-        self.t_draft.record(num_requests, seconds_per_forward)
+    def _record_proposal(self, num_requests: int, k: int, wait_s: float,
+                         drafter_s: Optional[float], first_forward_s: Optional[float]) -> None:
+        """A proposal of k drafts the engine waited wait_s for: its later forwards as the
+        drafter timed them (a one-draft proposal's first forward stands for one), the rest of
+        the wait as t_first; without the drafter's timing, k equal forwards."""
+        if drafter_s is None or first_forward_s is None:
+            self.t_draft.record(num_requests, wait_s / k)
+            return
+        later = (drafter_s - first_forward_s) / (k - 1) if k > 1 else first_forward_s
+        self.t_draft.record(num_requests, later)
+        self.t_first.record(num_requests, max(wait_s - (k - 1) * later, 0.0))
+
+    def record_draft(self, num_requests: int, k: int, seconds: float,
+                     first_forward_s: Optional[float] = None) -> None:
+        """A proposal of k drafts for num_requests took the drafter this long (of which its
+        first forward first_forward_s), as it measured it: a split step's drafting overlaps the
+        verification, so the engine's wait does not show it."""
+        self.t_draft.record(num_requests, (seconds - first_forward_s) / (k - 1)
+                            if k > 1 and first_forward_s is not None else seconds / k)
 
     def record_verdict(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
         """A verification of req_id's num_drafts drafts accepted num_accepted of them."""
@@ -342,6 +376,7 @@ class GoodputController:
         """The estimates behind the last decision (for /metrics and the log)."""
         last = self.last
         draft = self.t_draft.estimate(1)
+        first = self.t_first.estimate(1)
         verify = self.t_verify.estimate(1)
         return {"controller_k": last.k, "controller_acceptance": self.acceptance(),
                 "controller_modelled_speedup": last.modelled_speedup or 1.0,
@@ -350,4 +385,5 @@ class GoodputController:
                 "controller_split": int(last.split),
                 "controller_num_split_steps": self.num_split_steps,
                 "controller_draft_forward_ms": 1e3 * draft if draft is not None else 0.0,
+                "controller_proposal_fixed_ms": 1e3 * first if first is not None else 0.0,
                 "controller_plain_step_ms": 1e3 * verify if verify is not None else 0.0}

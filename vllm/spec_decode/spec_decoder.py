@@ -58,6 +58,7 @@ class SpecDecoder:
         self.decision = Decision(0)
         self._step_start = 0.0
         self._draft_s = 0.0
+        self._drafter_timing: tuple = (None, None)
         self._drafted_last_step: set[str] = set()
         self._seen: dict[str, int] = {}  # req_id -> its tokens when last sent to the proposer
         self._draft_measured = False
@@ -104,6 +105,7 @@ class SpecDecoder:
         running requests; else the controller's choice (the configured k with it off)."""
         self._step_start = time.perf_counter()
         self._draft_s = 0.0
+        self._drafter_timing: tuple = (None, None)  # the drafter's (seconds, first forward)
         spec = self.spec_config
         decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
         if self.proposer is None or (spec.speculative_disable_by_batch_size is not None
@@ -203,6 +205,7 @@ class SpecDecoder:
             return {}
         self.metrics.drafter_busy_s += proposal.seconds or 0.0
         self.metrics.drafter_first_forward_s += proposal.first_forward_seconds or 0.0
+        self._drafter_timing = (proposal.seconds, proposal.first_forward_seconds)
         return {r.req_id: (d, p) for r, d, p in zip(reqs, proposal.draft_token_ids,
                                                     proposal.draft_probs)}
 
@@ -236,7 +239,8 @@ class SpecDecoder:
                 self._free_id(req_id)
             return {}
         if self.controller is not None and proposal.seconds and any(proposal.draft_token_ids):
-            self.controller.record_draft(len(inflight.req_ids), proposal.seconds / inflight.k)
+            self.controller.record_draft(len(inflight.req_ids), inflight.k, proposal.seconds,
+                                         proposal.first_forward_seconds)
         return {r: (d, p) for r, d, p in zip(inflight.req_ids, proposal.draft_token_ids,
                                              proposal.draft_probs)}
 
@@ -310,7 +314,7 @@ class SpecDecoder:
         decision = self.decision if k == self.decision.k else Decision(0)
         self.controller.record_step(decision, len(out.requests), out.total_num_tokens,
                                     self._draft_s, time.perf_counter() - self._step_start,
-                                    self._draft_measured)
+                                    self._draft_measured, *self._drafter_timing)
 
     def free(self, reqs: list[Request]) -> None:
         """Makes the proposer forget reqs (finished, or to resync from their tokens)."""
@@ -355,8 +359,9 @@ class SpecDecoder:
         if self.controller is not None:
             c = self.controller.as_dict()
             logger.info("goodput controller: k %d, acceptance estimate %.3f, modelled speedup "
-                        "%.2fx, draft ahead %d, probes %d, draft forward %.2f ms, plain step "
-                        "%.2f ms, k chosen %s", c["controller_k"], c["controller_acceptance"],
-                        c["controller_modelled_speedup"], c["controller_draft_ahead"],
-                        c["controller_num_probes"], c["controller_draft_forward_ms"],
+                        "%.2fx, draft ahead %d, probes %d, draft forward %.2f ms, proposal "
+                        "fixed %.2f ms, plain step %.2f ms, k chosen %s", c["controller_k"],
+                        c["controller_acceptance"], c["controller_modelled_speedup"],
+                        c["controller_draft_ahead"], c["controller_num_probes"],
+                        c["controller_draft_forward_ms"], c["controller_proposal_fixed_ms"],
                         c["controller_plain_step_ms"], self.controller.k_histogram)

@@ -79,6 +79,9 @@ class _EngineCollector(Collector):
                               "over plain decoding"),
                              ("controller_draft_forward_ms", "measured ms of a draft forward "
                               "(batch 1)"),
+                             ("controller_proposal_fixed_ms", "measured ms of a proposal "
+                              "beyond its later forwards: messages, waking, the first forward "
+                              "(batch 1)"),
                              ("controller_plain_step_ms", "measured ms of a plain step "
                               "(batch 1)")):
                 if key in m:
