@@ -32,7 +32,7 @@ catch-up on all the tokens since.)
 
 Batched overlap (`can_split`, the draft in its own process): a split step verifies half the
 batch while the drafter drafts the other half, then the halves swap; it takes
-    t_split(k, B) = max(k * t_draft(B/2), t_verify(B/2 * (k + 1)))
+    t_split(k, B) = max(t_first(B/2) + (k - 1) * t_draft(B/2), t_verify(B/2 * (k + 1)))
 for half the batch's tokens, and is chosen when that models more goodput than any unsplit k
 (by SPLIT_MARGIN): when drafting a whole batch costs about as much as verifying it."""
 import math
