@@ -4,6 +4,7 @@
 # ones included: dispatch shown in one process), then the benchmarks.
 #   bash scripts/gpu_check.sh [all|test|bench|spec|draft|pair|tp, or a comma list: test,tp] [OUT_DIR]
 #   (tp: TP_SIZE GPUs, default 2: tensor-parallel greedy equality and latency; skipped with fewer)
+#   (spin: the trained pair's CPU draft sleeping vs busy-waiting between proposals, after pair)
 #   (goodput: a never-accepted CPU draft vs plain at GOODPUT_BATCHES; profile: the target step
 #   by kernel at PROFILE_SHAPES x PROFILE_BATCHES, benchmarks/profile_step.py)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
@@ -19,6 +20,7 @@
 #     export PAIR_TARGET_S=70 PAIR_DRAFT_S=45 PAIR_PROPOSERS=draft,draft-gpu PAIR_HF= \
 #       PAIR_ADAPTIVE=1 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput,split SERVE_K=4;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o; export VLLM_SKIP_BUILD=1;
+#     bash scripts/gpu_check.sh spin /tmp/o;
 #     bash scripts/gpu_check.sh goodput /tmp/o; bash scripts/gpu_check.sh profile /tmp/o;
 #     PYTEST_ARGS="-m cuda" bash scripts/gpu_check.sh test /tmp/o; echo ALLDONE' \
 #     > /tmp/o.log 2>&1 & fi
@@ -188,6 +190,19 @@ if want pair; then
       --max-model-len 2048 > "$OUT_DIR/serve_pair.log" 2>&1 || status=1
     grep -v "INFO\|WARNING\|it/s\]" "$OUT_DIR/serve_pair.log" | tail -16
   fi
+fi
+if want spin; then
+  echo "== the draft process sleeping vs busy-waiting between proposals (VLLM_DRAFTER_SPIN),"
+  echo "   trained pair, CPU draft, k = 1 and 4: where the ~3 ms fixed cost per proposal goes"
+  [ -d /tmp/pair7b/target ] || { echo "spin needs the pair stage first"; exit 1; }
+  for spin in 0 1; do
+    VLLM_DRAFTER_SPIN=$spin "$PY" benchmarks/benchmark_spec_decode.py --model /tmp/pair7b/target \
+      --speculative-model /tmp/pair7b/draft --cpu-draft-worker --dtype bfloat16 \
+      --proposers draft --ks 1,4 --num-prompts 6 --batch-size 1 --max-tokens 128 \
+      --max-model-len 2048 --gpu-memory-utilization 0.6 \
+      --output-json "$OUT_DIR/spin$spin.json" > "$OUT_DIR/spin$spin.log" 2>&1 || status=1
+    echo "-- VLLM_DRAFTER_SPIN=$spin"; grep -A12 "^proposer" "$OUT_DIR/spin$spin.log" | grep -v "^$"
+  done
 fi
 if want goodput; then
   echo "== a never-accepted draft (random llama-68m shape on the CPU, random 7B-shape target),"

@@ -3,6 +3,14 @@ import, so tests and launchers can set them late)."""
 import os
 from typing import Any, Callable
 
+def _flag(raw: str) -> bool:
+    if raw.lower() in ("1", "true", "on", "yes"):
+        return True
+    if raw.lower() in ("0", "false", "off", "no"):
+        return False
+    raise ValueError("expected 1/0, true/false, on/off or yes/no")
+
+
 # name -> (parser, default, description)
 _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_TARGET_DEVICE": (str.lower, "auto",
@@ -16,6 +24,10 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_MODEL_CACHE": (str, "", "where fetched GGUF models are cached; default "
                          "~/.cache/vllm-hetero/models"),
     "VLLM_LOGGING_LEVEL": (str.upper, "INFO", "log level of the vllm logger"),
+    "VLLM_DRAFTER_SPIN": (_flag, False,
+                          "the draft process busy-waits between proposals (its torch threads "
+                          "with OMP_WAIT_POLICY=ACTIVE, its main thread polling the pipe) "
+                          "instead of sleeping; for a drafter on cores of its own"),
 }
 
 

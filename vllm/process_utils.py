@@ -43,13 +43,15 @@ def parse_cpu_list(text: Optional[str]) -> Optional[list[int]]:
     return sorted(cpus)
 
 
-def start_process(module: str, name: str, payload: Any) -> tuple[subprocess.Popen, Connection]:
+def start_process(module: str, name: str, payload: Any,
+                  env: Optional[dict[str, str]] = None) -> tuple[subprocess.Popen, Connection]:
     """Starts `python -m module` as a child process named `name` (shown in every log line),
-    joined to this one by a duplex pipe; payload is its first message (its arguments). A fresh
-    interpreter, unlike multiprocessing's spawn, never re-runs the caller's __main__."""
+    joined to this one by a duplex pipe; payload is its first message (its arguments); env:
+    variables set for it alone. A fresh interpreter, unlike multiprocessing's spawn, never
+    re-runs the caller's __main__."""
     parent_conn, child_conn = multiprocessing.Pipe()
     fd = child_conn.fileno()
-    env = {**os.environ, "VLLM_PROCESS_NAME": name}
+    env = {**os.environ, **(env or {}), "VLLM_PROCESS_NAME": name}
     proc = subprocess.Popen([sys.executable, "-m", module, str(fd)], pass_fds=(fd,), env=env,
                             stdin=subprocess.DEVNULL)
     child_conn.close()

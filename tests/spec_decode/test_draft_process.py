@@ -44,9 +44,14 @@ def run(engine: LLMEngine, on_step=None) -> list[list[int]]:
     return [outputs[str(i)] for i in range(len(PROMPTS))]
 
 
-@pytest.mark.parametrize("draft,ahead", [("self", "off"), ("other", "on")])
-def test_draft_process_greedy_equals_plain(reference, spec_target, spec_draft, draft, ahead):
-    """With drafting ahead on, the drafter drafts past each proposal after answering it."""
+@pytest.mark.parametrize("draft,ahead,spin", [("self", "off", False), ("other", "on", False),
+                                              ("other", "off", True)])
+def test_draft_process_greedy_equals_plain(reference, spec_target, spec_draft, draft, ahead,
+                                           spin, monkeypatch):
+    """With drafting ahead on, the drafter drafts past each proposal after answering it; with
+    VLLM_DRAFTER_SPIN it busy-waits between steps."""
+    if spin:
+        monkeypatch.setenv("VLLM_DRAFTER_SPIN", "1")
     engine = spec_engine(spec_target, spec_target if draft == "self" else spec_draft,
                          speculative_draft_ahead=ahead)
     assert engine.draft_ahead == (ahead == "on")

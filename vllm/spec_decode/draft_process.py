@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 import torch
 
+from vllm import envs
 from vllm.config import VllmConfig
 from vllm.core.request import Request
 from vllm.logger import init_logger
@@ -98,8 +99,11 @@ def _drafter_main() -> None:
         return
     conn.send(("ready", os.getpid()))
     mirrors: dict[str, MirroredRequest] = {}
+    spin = envs.VLLM_DRAFTER_SPIN
     while True:
         try:
+            while spin and not conn.poll(0):
+                pass  # awake for the next step (VLLM_DRAFTER_SPIN: cores of its own)
             step = conn.recv()
         except (EOFError, OSError):
             return
@@ -166,8 +170,10 @@ class DraftProcessProposer(Proposer):
     # the process
 
     def _start(self) -> None:
+        # spinning: libgomp reads OMP_WAIT_POLICY when torch loads, so it is set at the start
+        spin = {"OMP_WAIT_POLICY": "ACTIVE"} if envs.VLLM_DRAFTER_SPIN else None
         self.proc, self.conn = start_process("vllm.spec_decode.draft_process", "Drafter",
-                                             (self.target_config, self.cpus))
+                                             (self.target_config, self.cpus), spin)
         # a proposer dropped without shutdown() still takes its process with it
         weakref.finalize(self, stop_process, self.proc)
         self.ready = False
