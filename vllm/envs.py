@@ -3,6 +3,7 @@ import, so tests and launchers can set them late)."""
 import os
 from typing import Any, Callable
 
+
 def _flag(raw: str) -> bool:
     if raw.lower() in ("1", "true", "on", "yes"):
         return True
