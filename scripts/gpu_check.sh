@@ -235,11 +235,18 @@ fi
 if want serve; then
   echo "== serving sweep: the trained pair, plain vs CPU draft, engine core in-process vs own process"
   [ -d /tmp/pair7b/target ] || { echo "serve needs the pair stage first"; exit 1; }
-  "$PY" benchmarks/serve_sweep.py --out-dir "$OUT_DIR/serve" --concurrency "${SERVE_CLIENTS:-1,4,16,64}" \
+  # the benchmark client on a core of its own: engine core and API server 0-1, client 2,
+  # drafter the rest (with 8+ cores; SERVE_CLIENT_CORE= keeps the defaults)
+  NCPU=$(nproc); CLIENT=""; DCPUS=""
+  if [ "$NCPU" -ge 8 ] && [ -n "${SERVE_CLIENT_CORE-2}" ]; then
+    CLIENT="--client-cpus ${SERVE_CLIENT_CORE-2}"
+    DCPUS="--speculative-draft-cpus $(( ${SERVE_CLIENT_CORE-2} + 1 ))-$((NCPU - 1))"
+  fi
+  "$PY" benchmarks/serve_sweep.py --out-dir "$OUT_DIR/serve" $CLIENT --concurrency "${SERVE_CLIENTS:-1,4,16,64}" \
     --layouts "${SERVE_LAYOUTS:-mp,inproc}" --configs "${SERVE_CONFIGS:-plain,draft}" --output-len 64 -- /tmp/pair7b/target --dtype bfloat16 \
     --max-model-len 2048 --max-num-seqs 64 --gpu-memory-utilization 0.6 \
     --speculative-model /tmp/pair7b/draft --cpu-draft-worker --num-speculative-tokens "${SERVE_K:-3}" \
-    --speculative-adaptive "${SERVE_ADAPTIVE:-off}" > "$OUT_DIR/serve_sweep.log" 2>&1 || status=1
+    --speculative-adaptive "${SERVE_ADAPTIVE:-off}" $DCPUS > "$OUT_DIR/serve_sweep.log" 2>&1 || status=1
   grep -v "INFO\|WARNING\|it/s\]\|requests:" "$OUT_DIR/serve_sweep.log" | tail -30
 fi
 exit "$status"
