@@ -9,7 +9,8 @@ import pytest
 
 from tests.spec_decode.test_greedy_equality import PROMPTS, generate
 from vllm import LLM
-from vllm.spec_decode.goodput import CostCurve, Decision, GoodputController, expected_tokens
+from vllm.spec_decode.goodput import (CostCurve, Decision, GoodputController, expected_tokens,
+                                      tokens_by_k)
 from vllm.spec_decode.proposer import Proposal, ProposalHandle, Proposer
 
 
@@ -117,6 +118,9 @@ def test_expected_tokens():
     assert expected_tokens(0.0, 4) == 1.0
     assert expected_tokens(1.0, 4) == 5.0
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    alphas = [0.0, 0.3, 0.75, 1.0]  # the controller's one-pass sums, against the reference
+    assert tokens_by_k(alphas, 6) == pytest.approx(
+        [sum(expected_tokens(a, k) for a in alphas) for k in range(7)])
 
 
 @pytest.mark.parametrize("draft_cost", [1e-3, 8e-3])

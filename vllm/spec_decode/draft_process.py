@@ -263,11 +263,8 @@ class DraftProcessProposer(Proposer):
         empty = Proposal([[] for _ in requests], [None] * len(requests))
         if self.gave_up or not (self.ready or self._poll_restart()):
             return ProposalHandle(lambda: empty)
-        if self.feeding is not None:  # answers come in order: the catch-up's first
-            self.feeding, feeding = None, self.feeding
-            feeding.result()
-            if not self.ready:
-                return ProposalHandle(lambda: empty)
+        if not self._finish_feeding(wait=True):
+            return ProposalHandle(lambda: empty)
         step, self.pending = self.pending, DraftStep()
         step.draft_ahead = self.draft_ahead
         for req, k in zip(requests, max_num_drafts):
@@ -282,17 +279,8 @@ class DraftProcessProposer(Proposer):
         skipped (False) while it is still busy with the last catch-up or not ready."""
         if self.gave_up or not requests or not (self.ready or self._poll_restart()):
             return False
-        if self.feeding is not None:
-            try:
-                if not self.conn.poll():
-                    return False  # still catching up: these tokens go with a later step
-            except OSError:
-                self._fail("the draft process is gone")
-                return False
-            self.feeding, feeding = None, self.feeding
-            feeding.result()
-            if not self.ready:
-                return False
+        if not self._finish_feeding(wait=False):
+            return False  # still catching up: these tokens go with a later step
         step, self.pending = self.pending, DraftStep()
         for req in requests:
             self._sync(req, step)
@@ -302,6 +290,21 @@ class DraftProcessProposer(Proposer):
         empty = Proposal()
         self.feeding = ProposalHandle(lambda: self._receive(empty))
         return True
+
+    def _finish_feeding(self, wait: bool) -> bool:
+        """Reads the answer to the last catch-up, if one is due (answers come in order), waiting
+        for it or (wait=False) only if it is there. True when the drafter is free and ready."""
+        if self.feeding is None:
+            return True
+        try:
+            if not (wait or self.conn.poll()):
+                return False
+        except OSError:
+            self._fail("the draft process is gone")
+            return False
+        self.feeding, feeding = None, self.feeding
+        feeding.result()
+        return self.ready
 
     def _send(self, step: DraftStep) -> bool:
         try:

@@ -108,7 +108,6 @@ class DraftModelProposer(Proposer):
         self.last_drafted: list[tuple[Request, int]] = []
         self.ahead: dict[str, tuple[int, list[int]]] = {}
         self.ahead_stats = {"made": 0, "used": 0}
-        self.first_forward_s = 0.0  # the last _draft's first forward (its catch-up)
         logger.info("draft model %s on %s (%s), KV cache %d blocks",
                     self.config.model_config.model, self.config.device, self.config.torch_dtype,
                     num_blocks)
@@ -158,8 +157,7 @@ class DraftModelProposer(Proposer):
             elif self._prepare(req, k):
                 active.append(req)
                 ks.append(k)
-        drafts, probs = self._draft(active, ks)
-        first_forward_s = self.first_forward_s
+        drafts, probs, first_forward_s = self._draft(active, ks)
         for req_id, tokens in ready.items():
             drafts[req_id], probs[req_id] = tokens, [None] * len(tokens)
         self.last_drafted = [(r, len(drafts[r.req_id])) for r in requests if r.req_id in drafts]
@@ -174,12 +172,12 @@ class DraftModelProposer(Proposer):
         return result
 
     def _draft(self, reqs: list[Request], ks: list[int]
-               ) -> tuple[dict[str, list[int]], dict[str, list]]:
+               ) -> tuple[dict[str, list[int]], dict[str, list], float]:
         """ks[i] tokens after each sequence's tokens: the first forward feeds every token whose
         KV is missing, each later one the token drawn before it."""
         drafts = {r.req_id: [] for r in reqs}
         probs = {r.req_id: [] for r in reqs}
-        self.first_forward_s = 0.0
+        first_forward_s = 0.0
         for step in range(max(ks, default=0)):
             start = time.perf_counter()
             live = [(r, self.seqs[r.req_id]) for r, k in zip(reqs, ks) if k > step]
@@ -197,8 +195,8 @@ class DraftModelProposer(Proposer):
                 drafts[req.req_id].append(tok)
                 probs[req.req_id].append(p)
             if step == 0:
-                self.first_forward_s = time.perf_counter() - start
-        return drafts, probs
+                first_forward_s = time.perf_counter() - start
+        return drafts, probs, first_forward_s
 
     @torch.inference_mode()
     def feed(self, requests: list[Request]) -> None:
@@ -239,7 +237,7 @@ class DraftModelProposer(Proposer):
                 reqs.append(req)
                 ks.append(k + 1)
         self.last_drafted = []
-        drafts, _ = self._draft(reqs, ks)
+        drafts, _, _ = self._draft(reqs, ks)
         for req in reqs:
             seq = self.seqs[req.req_id]
             # valid if the target's sequence becomes exactly ours up to and including g

@@ -157,12 +157,11 @@ class GoodputController:
         self.engine_acceptance = Acceptance()
         self.requests: dict[str, Acceptance] = {}
         self.probe_credit = 0.0  # seconds the probes may still spend
-        self.probe_cost: Optional[float] = None  # a probe's seconds over a plain step
         # a probe after plain steps makes the draft catch up on every token it has not seen:
-        # its seconds per such token (EMA), so that a probe's cost is foreseen from the tokens
-        # it would catch up on (cheapest when requests are new: their prompts only)
+        # its seconds per such token (the median of the last probes), so that a probe's cost
+        # is foreseen from the tokens it would catch up on
         self.probe_cost_per_token: Optional[float] = None
-        self._probes: deque = deque(maxlen=COST_WINDOW)  # (seconds, per caught-up token)
+        self._probes: deque = deque(maxlen=COST_WINDOW)  # seconds per caught-up token
         self.catch_up_tokens = 0  # of the decoding requests now (set by decide)
         self.last = Decision(0)
         self.num_probes = 0
@@ -279,12 +278,12 @@ class GoodputController:
         return Decision(0, False, False, 1.0)
 
     def _probe_cost(self, batch: int) -> float:
-        """Foreseen seconds of a one-draft probe over a plain step: by the tokens it would catch
-        up on, once a probe measured that; else the last probe's, else the model's."""
+        """Foreseen seconds of a one-draft probe over a plain step: the model's, or more by the
+        tokens it would catch up on, once a probe measured that."""
         modelled = self.step_seconds(1, batch) - self.step_seconds(0, batch)
-        if self.probe_cost_per_token is not None:
-            return max(modelled, self.probe_cost_per_token * max(self.catch_up_tokens, batch))
-        return self.probe_cost if self.probe_cost is not None else modelled
+        if self.probe_cost_per_token is None:
+            return modelled
+        return max(modelled, self.probe_cost_per_token * max(self.catch_up_tokens, batch))
 
     def _best_split(self, alphas: list[float],
                     tokens: list[float]) -> Optional[tuple[int, float]]:
@@ -331,9 +330,8 @@ class GoodputController:
                 extra = max(step_s - plain, draft_s)  # at least its drafting, however noisy
                 # a probe after a run of plain steps may pay the draft's catch-up on every
                 # token since: its cost per caught-up token (medians of the last probes)
-                self._probes.append((extra, extra / max(self.catch_up_tokens, num_decoding)))
-                self.probe_cost = statistics.median_low(e for e, _ in self._probes)
-                self.probe_cost_per_token = statistics.median_low(t for _, t in self._probes)
+                self._probes.append(extra / max(self.catch_up_tokens, num_decoding))
+                self.probe_cost_per_token = statistics.median_low(self._probes)
         self.t_verify.record(num_tokens, max(step_s - draft_s, 0.0))
         if decision.k > 0 and draft_measured and not decision.split:
             self._record_proposal(num_decoding, decision.k, draft_s, drafter_s,

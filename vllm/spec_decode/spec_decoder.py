@@ -58,6 +58,7 @@ class SpecDecoder:
         self.decision = Decision(0)
         self._step_start = 0.0
         self._draft_s = 0.0
+        # the drafter's own (seconds, first forward) of this step's waited-for proposal
         self._drafter_timing: tuple = (None, None)
         self._drafted_last_step: set[str] = set()
         self._seen: dict[str, int] = {}  # req_id -> its tokens when last sent to the proposer
@@ -105,7 +106,7 @@ class SpecDecoder:
         running requests; else the controller's choice (the configured k with it off)."""
         self._step_start = time.perf_counter()
         self._draft_s = 0.0
-        self._drafter_timing: tuple = (None, None)  # the drafter's (seconds, first forward)
+        self._drafter_timing = (None, None)
         spec = self.spec_config
         decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
         if self.proposer is None or (spec.speculative_disable_by_batch_size is not None
