@@ -23,6 +23,7 @@ from benchmarks.plot_args import add_plot_args, plot_run  # noqa: E402
 from benchmarks.timing import copy_bandwidth_gbps, provenance, write_json  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.engine.step_timer import per_step_ms, phases_line  # noqa: E402
 from vllm.spec_decode.metrics import SpecDecodeMetrics  # noqa: E402
 
 PERCENTILES = [10, 25, 50, 75, 90, 99]
@@ -72,11 +73,17 @@ def main(args) -> dict:
     prefill = run_engine(llm, args, 1, args.num_iters, "prefill-only")
     engine = llm.llm_engine
     engine.spec_metrics = SpecDecodeMetrics()
+    timer_before = engine.step_timer.as_dict()
     latencies = run_engine(llm, args, args.output_len, args.num_iters, "engine")
     result["engine"] = summarize(latencies, prefill, args)
+    result["engine"]["engine_steps"] = per_step_ms(timer_before, engine.step_timer.as_dict())
     if engine.proposer is not None:
         result["engine"]["spec_decode"] = engine.spec_metrics.as_dict(
             engine.spec_config.num_speculative_tokens)
+        controller = engine.spec.controller
+        if controller is not None:
+            result["engine"]["controller"] = controller.as_dict() | dict(
+                k_histogram=list(controller.k_histogram))
     result["copy_bandwidth_gbps"] = bandwidth
     result["decode_floor_ms"] = decode_floor_ms(llm, args, bandwidth)
     if args.hf_baseline:
@@ -114,6 +121,8 @@ def print_report(result: dict) -> None:
                   f"{floor:>10.2f}{100 * floor / r['decode_step_ms']:>8.0f}%")
     print(f"(floor: weights + mean KV bytes over {result['copy_bandwidth_gbps']:.0f} GB/s "
           f"measured on {result['device']} in this run; decode ms = per output token)")
+    print(f"engine, ms per step (warm-up and timed runs): {phases_line(eng['engine_steps'])}"
+          + (f"; k chosen {eng['controller']['k_histogram']}" if "controller" in eng else ""))
     spec = eng.get("spec_decode")
     if spec:
         print(f"spec decode: acceptance {spec['acceptance_rate']:.3f}, tokens per target forward "

@@ -28,7 +28,7 @@ from benchmarks.plot_args import add_plot_args, plot_run  # noqa: E402
 from benchmarks.timing import copy_bandwidth_gbps, provenance, write_json  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
-from vllm.engine.step_timer import per_step_ms  # noqa: E402
+from vllm.engine.step_timer import per_step_ms, phases_line  # noqa: E402
 from vllm.spec_decode.goodput import GoodputController  # noqa: E402
 from vllm.spec_decode.metrics import SpecDecodeMetrics  # noqa: E402
 from vllm.spec_decode.ngram_proposer import NgramProposer  # noqa: E402
@@ -242,15 +242,10 @@ def print_report(result: dict) -> None:
     for r in result["rows"]:
         e = r.get("engine_steps")
         if e:
-            phases = " ".join(f"{p[:-3]} {e[p]:.2f}" for p in e if p.endswith("_ms")
-                              and not p.endswith("step_ms") and p not in ("engine_ttft_ms",
-                                                                          "core_io_ms"))
-            prefill = e["prefill_step_ms"] or 0.0
             busy = (f"; drafter busy {r['drafter_busy_ms_per_step']:.2f} (first forward "
                     f"{r['drafter_first_forward_ms_per_step']:.2f})"
                     if r.get("drafter_busy_ms_per_step") else "")
-            print(f"{r['proposer']:<18}{r['k']:>3}  {phases}; prefill {prefill:.2f}, decode "
-                  f"{e['decode_step_ms'] or 0.0:.2f}{busy}" + (
+            print(f"{r['proposer']:<18}{r['k']:>3}  {phases_line(e)}{busy}" + (
                       f"; k chosen {r['controller']['k_histogram']}" if "controller" in r
                       else ""))
     print(f"floors: target step {f['target_step_floor_ms']:.2f} ms on {f['device']} "

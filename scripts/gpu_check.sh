@@ -53,6 +53,7 @@ fi
 echo "== environment"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 nvcc --version | tail -1
+echo "cores $(nproc); hyperthread siblings of cpu0: $(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list 2>/dev/null), cpu1: $(cat /sys/devices/system/cpu/cpu1/topology/thread_siblings_list 2>/dev/null)"
 
 echo "== build"
 start=$(date +%s)
@@ -217,7 +218,7 @@ if want goodput; then
       "$PY" benchmarks/benchmark_latency.py --model /tmp/llama-2-7b --load-format dummy \
         --dtype bfloat16 --max-model-len 1024 $flags --batch-size $bs --input-len 128 \
         --output-len 128 --num-iters 3 --temperature 0 --max-num-seqs 32 \
-        --output-json "$OUT_DIR/goodput_never_${mode}_b$bs.json" 2>&1 | grep -v "it/s\]" | tail -3
+        --output-json "$OUT_DIR/goodput_never_${mode}_b$bs.json" 2>&1 | grep -v "it/s\]" | tail -4
     done
   done
 fi

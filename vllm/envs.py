@@ -12,6 +12,11 @@ def _flag(raw: str) -> bool:
     raise ValueError("expected 1/0, true/false, on/off or yes/no")
 
 
+def _auto_flag(raw: str) -> str:
+    """auto, or on/off (the spellings _flag takes)."""
+    return "auto" if raw.lower() == "auto" else ("on" if _flag(raw) else "off")
+
+
 # name -> (parser, default, description)
 _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_TARGET_DEVICE": (str.lower, "auto",
@@ -25,10 +30,11 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_MODEL_CACHE": (str, "", "where fetched GGUF models are cached; default "
                          "~/.cache/vllm-hetero/models"),
     "VLLM_LOGGING_LEVEL": (str.upper, "INFO", "log level of the vllm logger"),
-    "VLLM_DRAFTER_SPIN": (_flag, False,
-                          "the draft process busy-waits between proposals (its torch threads "
-                          "with OMP_WAIT_POLICY=ACTIVE, its main thread polling the pipe) "
-                          "instead of sleeping; for a drafter on cores of its own"),
+    "VLLM_DRAFTER_SPIN": (_auto_flag, "auto",
+                          "the draft process busy-waits while proposals come (its torch "
+                          "threads and its main thread, for up to about a second after the "
+                          "last one) instead of sleeping between them: auto (when it is pinned "
+                          "to cores of its own: a GPU target, 4+ cores), on, off"),
 }
 
 

@@ -28,11 +28,8 @@ def parse_cpu_list(text: Optional[str]) -> Optional[list[int]]:
     this process may run on."""
     if not text:
         return None
-    cpus: set[int] = set()
     try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
+        cpus = cpu_set(text)
     except ValueError:
         raise ValueError(f"speculative_draft_cpus {text!r} is not a CPU list like "
                          "'0-3,8'") from None
@@ -41,6 +38,15 @@ def parse_cpu_list(text: Optional[str]) -> Optional[list[int]]:
         raise ValueError(f"speculative_draft_cpus {text!r} names cores this machine does not "
                          f"offer (allowed: {sorted(allowed)})")
     return sorted(cpus)
+
+
+def cpu_set(text: str) -> set[int]:
+    """'0-3,8' -> {0, 1, 2, 3, 8} (the kernel's CPU list format); ValueError if malformed."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
 
 
 def start_process(module: str, name: str, payload: Any,

@@ -114,6 +114,42 @@ def test_a_probe_is_priced_by_the_tokens_the_draft_must_catch_up_on():
     assert ctrl.decide(ids, seeded=False, catch_up_tokens=200).probe  # 20 ms: paid
 
 
+def fed_share(ctrl: GoodputController, draft_cost: float) -> tuple[float, int]:
+    """Runs a controller learning a never-accepted draft 300 steps, then 600 more; returns the
+    share of those plain steps in which it asked for the drafter to be fed, and their number."""
+    simulate(ctrl, 0.0, gpu_like, lambda b: draft_cost, steps=300, fed=True)
+    ids, fed, plain = ["r0"], 0, 0
+    for _ in range(600):
+        d = ctrl.decide(ids, seeded=False)
+        if d.k == 0:
+            plain += 1
+            fed += ctrl.feeding_pays()
+        else:
+            ctrl.record_verdict("r0", d.k, 0)
+        ctrl.record_step(d, 1, d.k + 1, d.k * draft_cost, d.k * draft_cost + gpu_like(d.k + 1),
+                         d.k > 0)
+    return fed / max(plain, 1), plain
+
+
+def test_the_drafter_is_fed_in_plain_steps_only_while_speculation_is_near():
+    """A useless dear draft: plain steps, the drafter fed only on the way to a probe (at
+    most the second half of the credit each probe needs); before anything is modelled, and
+    when drafting would nearly pay (a draft that costs a plain step, always accepted at k
+    forced plain by its cost), it is fed every plain step."""
+    assert GoodputController(max_k=4).feeding_pays()  # nothing modelled yet
+    share, plain = fed_share(GoodputController(max_k=4), 8e-3)
+    assert plain > 500 and 0.0 < share <= 0.55
+    near = GoodputController(max_k=1)
+    near.t_verify.record(1, 5e-3)
+    near.t_verify.record(2, 5e-3)
+    near.t_draft.record(1, 5.3e-3)  # k = 1 emits 2 tokens in 10.3 ms: 0.97x plain
+    near.engine_acceptance.record(1, 1, 1.0)
+    near.engine_acceptance.accepted = 1e6
+    decision = near.decide(["r0"], seeded=False)
+    assert decision.k == 0 and near.best_spec_ratio == pytest.approx(2 * 5 / 10.3, rel=1e-3)
+    assert near.feeding_pays()
+
+
 def test_expected_tokens():
     assert expected_tokens(0.0, 4) == 1.0
     assert expected_tokens(1.0, 4) == 5.0

@@ -70,3 +70,11 @@ def per_step_ms(before: dict, after: dict) -> dict:
     out["engine_ttft_ms"] = (1e3 * (after["first_token_s"] - before.get("first_token_s", 0.0))
                              / firsts if firsts else None)
     return out
+
+
+def phases_line(steps: dict) -> str:
+    """per_step_ms's figures in one line: 'schedule 0.02 propose 0.00 ...; prefill 15.6, decode
+    5.5' (core_io left out: offline engines have none)."""
+    phases = " ".join(f"{p} {steps[f'{p}_ms']:.2f}" for p in PHASES if p != "core_io")
+    return (f"{phases}; prefill {steps['prefill_step_ms'] or 0.0:.2f}, decode "
+            f"{steps['decode_step_ms'] or 0.0:.2f}")

@@ -153,7 +153,7 @@ class SpecDecoder:
         start = time.perf_counter()
         ready = self._collect_inflight()
         idx = [i for i, n in enumerate(out.num_lookahead) if n > 0]
-        if not idx and self.controller is not None:
+        if not idx and self.controller is not None and self.controller.feeding_pays():
             self._observe(out)
         need = [i for i in idx if out.requests[i].req_id not in ready]
         # a proposal measures the draft forward when the drafter is caught up: it drafted for
