@@ -40,6 +40,31 @@ def test_api_server_keeps_off_the_drafter_cores(tiny_llama):
     assert run(tiny_llama, "none") == f"None {allowed}"
 
 
+ENGINE_SCRIPT = """
+import os, sys, torch
+from vllm import LLM
+llm = LLM(model=sys.argv[1], device="cpu", max_model_len=256, speculative_model=sys.argv[1],
+          num_speculative_tokens=2, cpu_draft_worker=True, speculative_draft_process="on",
+          speculative_draft_cpus=sys.argv[2])
+drafter = llm.llm_engine.proposer
+print(sorted(os.sched_getaffinity(0)), torch.get_num_threads(),
+      sorted(os.sched_getaffinity(drafter.pid)))
+llm.llm_engine.shutdown()
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_an_offline_engine_keeps_off_its_draft_process_cores(tiny_llama):
+    """The engine's own process (offline LLM, not an engine core) pins itself and its torch
+    threads to the cores the drafter does not use."""
+    allowed = sorted(os.sched_getaffinity(0))
+    drafter, rest = allowed[-1], allowed[:-1]
+    out = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, tiny_llama, str(drafter)],
+                         capture_output=True, text=True, check=True, timeout=600,
+                         env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE="0.25"))
+    assert out.stdout.strip().splitlines()[-1] == f"{rest} {len(rest)} {[drafter]}"
+
+
 def fake_target(device: str):
     return SimpleNamespace(device=torch.device(device))
 

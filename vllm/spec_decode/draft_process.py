@@ -173,6 +173,13 @@ class DraftProcessProposer(Proposer):
         self.ready = False
         self._start()
         self._wait_ready()
+        # the engine keeps off the drafter's cores (an offline engine is otherwise unpinned, its
+        # torch threads on every core, the drafter's included); an engine core process is
+        # pinned further afterwards
+        kept = keep_off_cores(self.cpus)
+        if kept is not None:
+            logger.info("engine on cores %s (%d torch threads), off the draft process's", kept,
+                        torch.get_num_threads())
 
     # the process
 
@@ -398,13 +405,19 @@ def keep_off_drafter_cores(config: VllmConfig) -> Optional[list[int]]:
     draft's thread pool at its next barrier. Returns the cores kept, or None."""
     if not uses_draft_process(config):
         return None
-    drafter = drafter_cpus(config)
+    return keep_off_cores(drafter_cpus(config))
+
+
+def keep_off_cores(drafter: Optional[list[int]]) -> Optional[list[int]]:
+    """Pins this process to the cores it may use other than drafter's (None: nothing to keep
+    off, or nothing left), its torch threads to no more than those; returns the cores kept."""
     if not drafter:
         return None
     rest = sorted(os.sched_getaffinity(0) - set(drafter))
     if not rest:
         return None
     os.sched_setaffinity(0, rest)
+    torch.set_num_threads(min(torch.get_num_threads(), len(rest)))
     return rest
 
 
