@@ -22,12 +22,21 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
-// Sizes and shared-memory layout for one (dtype, head size). A block owns up to kRows query
-// rows (token, head of the kv head's GQA group) and walks its partition in tiles of kTileKeys.
+// Rows per block: a prefill's (many rows share each K/V tile; fits sm_80's 163 KB), or
+// kFewRows for decode and short verifications (one to a few rows per sequence and kv head: the
+// smaller query and score buffers and fewer accumulators let more blocks share an SM, and an SM
+// with more blocks has more K/V bytes in flight).
 template <typename T, int HS>
+constexpr int kManyRows = sizeof(T) * HS >= 1024 ? 16 : 32;
+constexpr int kFewRows = 8;
+
+// Sizes and shared-memory layout for one (dtype, head size, rows per block). A block owns up to
+// kRows query rows (token, head of the kv head's GQA group) and walks its partition in tiles
+// of kTileKeys.
+template <typename T, int HS, int ROWS>
 struct Cfg {
   static constexpr int kVec = 16 / sizeof(T), kChunks = HS / kVec;  // 16-byte chunks per row
-  static constexpr int kRows = sizeof(T) * HS >= 1024 ? 16 : 32;    // fits sm_80's 163 KB
+  static constexpr int kRows = ROWS;
   // K/V rows padded by 16 bytes: 4 mod 8 words, so 8 rows' chunks fall in distinct banks
   static constexpr int kKvStride = HS + kVec, kSStride = kTileKeys + 4;
   static constexpr int kScoreGroups = kThreads / kTileKeys, kScoreRows = kRows / kScoreGroups;
@@ -43,6 +52,7 @@ struct Cfg {
   static constexpr size_t kStats = kS + kRows * kSStride * sizeof(float);
   static constexpr size_t kBytes = kStats + 4 * kRows * sizeof(float);
   static_assert(HS % kVec == 0 && HS % 4 == 0 && kChunks <= kThreads, "unsupported head size");
+  static_assert(kRows % kScoreGroups == 0, "rows must split evenly over the score groups");
 };
 
 struct Params {
@@ -113,9 +123,9 @@ __device__ int2 find_item(const Params& p, int x, int rows_per_tile) {
 // sequence's q_len tokens i (find_item); partition y covers keys [y, y + 1) * part_size. The
 // block loads each K/V tile once for all its rows and keeps a running (max m, sum l, output)
 // per row, flash-attention style.
-template <typename T, int HS>
+template <typename T, int HS, int ROWS>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params p) {
-  using C = Cfg<T, HS>;
+  using C = Cfg<T, HS, ROWS>;
   using P = Pack<T, C::kVec>;
   constexpr int R = C::kRows;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -365,9 +375,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const Params p) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-template <typename T, int HS>
+template <typename T, int HS, int ROWS>
 void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStream_t stream) {
-  using C = Cfg<T, HS>;
+  using C = Cfg<T, HS, ROWS>;
   // Items over-count the (sequence, row tile) pairs: sum_s ceil(q_s g / R) <= T g / R + S, and
   // each pair holds at least one of the T g rows.
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.group;
@@ -390,7 +400,7 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
     p.ws_o = ws.data_ptr<float>();
     p.ws_ml = p.ws_o + slots * HS;
   }
-  auto kernel = paged_attention_kernel<T, HS>;
+  auto kernel = paged_attention_kernel<T, HS, ROWS>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(C::kBytes)));
   const dim3 grid(static_cast<unsigned>(items), p.num_parts, p.num_kv_heads);
@@ -400,6 +410,19 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
     const int64_t blocks = ceil_div(static_cast<int64_t>(p.num_tokens) * p.num_heads, kWarps);
     combine_kernel<T, HS><<<blocks, kThreads, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+// Few rows per block when the sequences bring few rows on average (decode, verification of a
+// few drafts); either choice computes the same result, only the speed differs.
+template <typename T, int HS>
+void launch_rows(const Params& p, const at::Tensor& query, int64_t max_context_len,
+                 cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.group;
+  if (rows <= static_cast<int64_t>(kFewRows) * p.num_seqs && kFewRows < kManyRows<T, HS>) {
+    launch<T, HS, kFewRows>(p, query, max_context_len, stream);
+  } else {
+    launch<T, HS, kManyRows<T, HS>>(p, query, max_context_len, stream);
   }
 }
 
@@ -436,12 +459,12 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   VLLM_CUDA_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {
     switch (head_size) {
-      case 32: return launch<scalar_t, 32>(p, query, max_context_len, stream);
-      case 64: return launch<scalar_t, 64>(p, query, max_context_len, stream);
-      case 80: return launch<scalar_t, 80>(p, query, max_context_len, stream);
-      case 96: return launch<scalar_t, 96>(p, query, max_context_len, stream);
-      case 128: return launch<scalar_t, 128>(p, query, max_context_len, stream);
-      case 256: return launch<scalar_t, 256>(p, query, max_context_len, stream);
+      case 32: return launch_rows<scalar_t, 32>(p, query, max_context_len, stream);
+      case 64: return launch_rows<scalar_t, 64>(p, query, max_context_len, stream);
+      case 80: return launch_rows<scalar_t, 80>(p, query, max_context_len, stream);
+      case 96: return launch_rows<scalar_t, 96>(p, query, max_context_len, stream);
+      case 128: return launch_rows<scalar_t, 128>(p, query, max_context_len, stream);
+      case 256: return launch_rows<scalar_t, 256>(p, query, max_context_len, stream);
       default:
         TORCH_CHECK(false, "paged_attention supports head sizes 32, 64, 80, 96, 128 and 256, got ",
                     head_size);

@@ -71,6 +71,16 @@ def test_paged_attention_mixed_prefill_and_decode(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 8), (8, 4)])
+def test_paged_attention_few_rows_on_average_with_a_longer_query(device, num_heads,
+                                                                 num_kv_heads):
+    """Decoding sequences beside one verifying 12 tokens: few rows per sequence on average (the
+    CUDA kernel's small-block variant), one sequence spanning several of its blocks."""
+    run_and_compare([30, 5, 77, 64, 31, 2, 100, 45], [1] * 7 + [12], num_heads, num_kv_heads,
+                    128, 16, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_paged_attention_long_context(device):
     run_and_compare([4096 + 5, 2000], [1, 3], 32, 8, 128, 16, device)
 
