@@ -9,6 +9,7 @@ import pytest
 
 from tests.spec_decode.test_greedy_equality import PROMPTS, generate
 from vllm import LLM
+from vllm.spec_decode import goodput
 from vllm.spec_decode.goodput import (CostCurve, Decision, GoodputController, expected_tokens,
                                       tokens_by_k)
 from vllm.spec_decode.proposer import Proposal, ProposalHandle, Proposer
@@ -148,6 +149,41 @@ def test_the_drafter_is_fed_in_plain_steps_only_while_speculation_is_near():
     decision = near.decide(["r0"], seeded=False)
     assert decision.k == 0 and near.best_spec_ratio == pytest.approx(2 * 5 / 10.3, rel=1e-3)
     assert near.feeding_pays()
+
+
+def test_a_run_of_plain_steps_remakes_the_full_choice_only_now_and_then(monkeypatch):
+    """Over the same requests with nothing new learnt, the full choice is remade every
+    PLAIN_RECHECK_STEPS plain steps (the steps between only weigh a probe); a verdict or a new
+    request remakes it at once, and the choices are those of a controller without the shortcut."""
+    ctrl = GoodputController(max_k=4)
+    simulate(ctrl, 0.0, gpu_like, lambda b: 8e-3, steps=300, fed=True)
+    calls = []
+    choose = ctrl._choose
+    monkeypatch.setattr(ctrl, "_choose", lambda alphas: calls.append(1) or choose(alphas))
+    ids = ["r0"]
+    ctrl.probe_credit = 0.0
+    for _ in range(64):
+        d = ctrl.decide(ids, seeded=False)
+        assert d.k == 0
+        ctrl.record_step(d, 1, 1, 0.0, gpu_like(1), False)
+        ctrl.probe_credit = 0.0  # no probe in this run: only the shortcut is looked at
+    assert len(calls) == 64 // goodput.PLAIN_RECHECK_STEPS
+    ctrl.decide(ids + ["r1"], seeded=False)  # a new request
+    assert len(calls) == 64 // goodput.PLAIN_RECHECK_STEPS + 1
+    ctrl.record_verdict("r0", 1, 1)  # something learnt
+    ctrl.decide(ids + ["r1"], seeded=False)
+    assert len(calls) == 64 // goodput.PLAIN_RECHECK_STEPS + 2
+
+
+def test_the_plain_run_shortcut_changes_no_choice(monkeypatch):
+    """Two controllers fed the same steps, one with the shortcut off (the full choice every
+    step): the same k in every step."""
+    _, fast = simulate(GoodputController(max_k=4), 0.05, gpu_like, lambda b: 8e-3, steps=600,
+                       fed=True)
+    monkeypatch.setattr(goodput, "PLAIN_RECHECK_STEPS", 1)
+    _, full = simulate(GoodputController(max_k=4), 0.05, gpu_like, lambda b: 8e-3, steps=600,
+                       fed=True)
+    assert fast == full and fast.count(0) > 400
 
 
 def test_expected_tokens():

@@ -48,6 +48,9 @@ import numpy as np
 SPLIT_MARGIN = 0.05
 # a cost bucket's estimate is the median of its last this many measurements
 COST_WINDOW = 7
+# in a run of plain steps over the same requests with nothing new learnt but plain steps' costs,
+# the full choice is remade every this many steps (the steps between only weigh a probe)
+PLAIN_RECHECK_STEPS = 16
 # in a run of plain steps the drafter is kept caught up (fed the tokens) only while speculation
 # is near: the best k > 0 models at least this share of plain decoding's goodput, or a probe
 # has half its cost in credit
@@ -182,6 +185,12 @@ class GoodputController:
         # the last choice's best goodput with drafting over plain decoding's (None: unmodelled)
         self.best_spec_ratio: Optional[float] = None
         self.last_batch = 1
+        # a run of plain steps: (requests, changes) of the last full choice, which chose plain,
+        # and the steps it still stands for; changes counts what can move a choice but plain
+        # steps' costs (verdicts, draft costs, freed requests)
+        self._plain_key: Optional[tuple] = None
+        self._plain_steps_left = 0
+        self._changes = 0
         self.num_probes = 0
         self.k_histogram = [0] * (max_k + 1)
         # batched overlap may be chosen (the draft runs in its own process, beside the target)
@@ -267,8 +276,14 @@ class GoodputController:
             decision = Decision(self.max_k, draft_ahead=self.draft_ahead_overlaps)
         elif not req_ids:
             decision = Decision(0)
+        elif self._plain_steps_left > 0 and self._plain_key == (tuple(req_ids), self._changes):
+            self._plain_steps_left -= 1  # still plain: only whether a probe is due
+            decision = self._probe_or_plain(len(req_ids))
         else:
+            self._plain_steps_left = 0
             decision = self._choose(self.acceptances(req_ids))
+            if self._plain_steps_left:
+                self._plain_key = (tuple(req_ids), self._changes)
         self.last = decision
         self.k_histogram[decision.k] += 1
         return decision
@@ -288,7 +303,12 @@ class GoodputController:
             return Decision(split[0], False, False, split[1] / plain, split=True)
         if k > 0:
             return Decision(k, self._draft_ahead(k, alphas), False, rates[k] / plain)
-        cost = self._probe_cost(len(alphas))
+        self._plain_steps_left = PLAIN_RECHECK_STEPS - 1
+        return self._probe_or_plain(batch)
+
+    def _probe_or_plain(self, batch: int) -> Decision:
+        """Plain decoding was chosen: a one-draft probe if the probes' credit pays for one."""
+        cost = self._probe_cost(batch)
         self.probe_credit = min(self.probe_credit, cost)  # no burst of probes
         if self.probe_credit >= cost:
             self.probe_credit -= cost
@@ -375,6 +395,7 @@ class GoodputController:
         """A proposal of k drafts the engine waited wait_s for: its later forwards as the
         drafter timed them (a one-draft proposal's first forward stands for one), the rest of
         the wait as t_first; without the drafter's timing, k equal forwards."""
+        self._changes += 1
         if drafter_s is None or first_forward_s is None:
             self.t_draft.record(num_requests, wait_s / k)
             return
@@ -387,6 +408,7 @@ class GoodputController:
         """A proposal of k drafts for num_requests took the drafter this long (of which its
         first forward first_forward_s), as it measured it: a split step's drafting overlaps the
         verification, so the engine's wait does not show it."""
+        self._changes += 1
         self.t_draft.record(num_requests, (seconds - first_forward_s) / (k - 1)
                             if k > 1 and first_forward_s is not None else seconds / k)
 
@@ -394,12 +416,14 @@ class GoodputController:
         """A verification of req_id's num_drafts drafts accepted num_accepted of them."""
         if num_drafts <= 0:
             return
+        self._changes += 1
         self.engine_acceptance.record(num_drafts, num_accepted, self.decay)
         self.requests.setdefault(req_id, Acceptance()).record(num_drafts, num_accepted,
                                                                self.decay)
 
     def free(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
+        self._changes += 1
 
     def as_dict(self) -> dict:
         """The estimates behind the last decision (for /metrics and the log)."""
