@@ -5,8 +5,9 @@
 #   bash scripts/gpu_check.sh [all|test|bench|spec|draft|pair|tp, or a comma list: test,tp] [OUT_DIR]
 #   (tp: TP_SIZE GPUs, default 2: tensor-parallel greedy equality and latency; skipped with fewer)
 #   (spin: the trained pair's CPU draft sleeping vs busy-waiting between proposals, after pair)
-#   (goodput: a never-accepted CPU draft vs plain at GOODPUT_BATCHES; profile: the target step
-#   by kernel at PROFILE_SHAPES x PROFILE_BATCHES, benchmarks/profile_step.py)
+#   (goodput: a never-accepted CPU draft vs plain at GOODPUT_BATCHES, the drafter spinning per
+#   GOODPUT_SPIN (default: auto and off); profile: the target step by kernel at PROFILE_SHAPES x
+#   PROFILE_BATCHES, benchmarks/profile_step.py)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too, PAIR_SHAPE=llama-2-13b for another target shape;
 #   serve: the pair served plain and with its CPU draft, engine core in its own process and on
@@ -211,11 +212,17 @@ if want goodput; then
   "$PY" -m benchmarks.model_shapes llama-2-7b /tmp/llama-2-7b > /dev/null 2>&1
   "$PY" -m benchmarks.model_shapes llama-68m /tmp/llama-68m > /dev/null 2>&1
   for bs in ${GOODPUT_BATCHES:-1 8 32}; do
-    for mode in plain spec; do
-      flags=""
-      [ $mode = spec ] && flags="--speculative-model /tmp/llama-68m --cpu-draft-worker --num-speculative-tokens 4"
+    # the speculative run once per GOODPUT_SPIN value of VLLM_DRAFTER_SPIN (a spinning drafter
+    # may slow the engine's plain steps, e.g. by the host's all-core clock: A/B it)
+    for mode in plain $(for spin in ${GOODPUT_SPIN:-auto off}; do echo "spec-spin$spin"; done); do
+      flags="" spin=auto
+      if [ $mode != plain ]; then
+        flags="--speculative-model /tmp/llama-68m --cpu-draft-worker --num-speculative-tokens 4"
+        spin=${mode#spec-spin}
+      fi
       echo "-- batch $bs, $mode"
-      "$PY" benchmarks/benchmark_latency.py --model /tmp/llama-2-7b --load-format dummy \
+      VLLM_DRAFTER_SPIN=$spin "$PY" benchmarks/benchmark_latency.py \
+        --model /tmp/llama-2-7b --load-format dummy \
         --dtype bfloat16 --max-model-len 1024 $flags --batch-size $bs --input-len 128 \
         --output-len 128 --num-iters 3 --temperature 0 --max-num-seqs 32 \
         --output-json "$OUT_DIR/goodput_never_${mode}_b$bs.json" 2>&1 | grep -v "it/s\]" | tail -4
