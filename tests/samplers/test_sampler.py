@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tests.utils import DEVICES
-from vllm.model_executor.sampler import (Sampler, SamplingBatch, compute_prompt_logprobs)
+from vllm.model_executor.sampler import (Sampler, SamplingBatch, compute_prompt_logprobs,
+                                         nonfinite_logit_rows, nonfinite_prob_rows)
 from vllm.sampling_params import SamplingParams
 
 
@@ -524,6 +525,33 @@ def test_nonfinite_rows_are_flagged_alone(greedy):
                                                    generators=gens([0, 4])))
     assert alone.nonfinite_rows.tolist() == [False, False]
     assert out.sampled_token_ids[[0, 4]].tolist() == alone.sampled_token_ids.tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_one_pass_nonfinite_checks_equal_the_elementwise_definitions(dtype):
+    """The one-pass row checks against their definitions (per entry: NaN or +inf, or all -inf;
+    probabilities: a NaN or inf entry, or no mass) on rows with NaN, +inf, -inf, all -inf, a
+    single finite entry among -inf, zeros and huge finite values, in every position."""
+    gen = torch.Generator().manual_seed(0)
+    specials = [float("nan"), float("inf"), float("-inf"), 0.0, 6e4, -6e4]
+    rows = [torch.randn(40, generator=gen) for _ in range(4)]
+    for value in specials:
+        for count in (1, 3, 40):
+            row = torch.randn(40, generator=gen)
+            row[torch.randperm(40, generator=gen)[:count]] = value
+            rows.append(row)
+    mixed = torch.full((40,), float("-inf"))
+    mixed[17] = 1.0
+    rows += [mixed, torch.full((40,), float("-inf")), torch.zeros(40)]
+    logits = torch.stack(rows).to(dtype)
+    expected = ((logits.isnan() | logits.isposinf()).any(dim=-1)
+                | logits.isneginf().all(dim=-1))
+    assert nonfinite_logit_rows(logits).tolist() == expected.tolist()
+    probs = logits.float().abs().where(~logits.isneginf(), torch.zeros(()))  # non-negative
+    probs[3, 5] = float("-inf")  # not a probability, but flagged all the same
+    expected = ~torch.isfinite(probs).all(dim=-1) | ~(probs.sum(dim=-1) > 0)
+    assert nonfinite_prob_rows(probs).tolist() == expected.tolist()
+    assert expected.any() and not expected.all()
 
 
 def test_nonfinite_probabilities_from_parameters_are_flagged():

@@ -324,13 +324,18 @@ def _top_k_top_p_cutoff(probs: torch.Tensor, batch: SamplingBatch,
 
 def nonfinite_logit_rows(logits: torch.Tensor) -> torch.Tensor:
     """[num_rows] bool: rows holding a NaN or +inf, or with every token at -inf (an argmax over
-    them means nothing). -inf alone is fine: bans and filters put it there."""
-    return (logits.isnan() | logits.isposinf()).any(dim=-1) | logits.isneginf().all(dim=-1)
+    them means nothing). -inf alone is fine: bans and filters put it there. One pass: a row's
+    max is NaN if it holds a NaN, +inf if it holds +inf, -inf only if all of it is (three
+    elementwise passes and their reductions cost 1.5 ms a step at 8 x 49152 on one core)."""
+    return ~logits.amax(dim=-1).isfinite()
 
 
 def nonfinite_prob_rows(probs: torch.Tensor) -> torch.Tensor:
-    """[num_rows] bool: probability rows holding a NaN or inf, or without any mass."""
-    return ~torch.isfinite(probs).all(dim=-1) | ~(probs.sum(dim=-1) > 0)
+    """[num_rows] bool: probability rows holding a NaN or inf, or without any mass. One pass: the
+    entries are not negative, so a row's sum is finite and positive exactly when every entry is
+    finite and one is positive (a vocabulary of entries at most 1 cannot overflow)."""
+    total = probs.sum(dim=-1)
+    return ~(total.isfinite() & (total > 0))
 
 
 def _check_shape(logits: torch.Tensor, batch: SamplingBatch) -> None:
