@@ -51,7 +51,10 @@ async def send(client: httpx.AsyncClient, args, prompt) -> RequestResult:
                     continue
                 chunk = json.loads(line[6:])
                 now = time.perf_counter()
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                # a chunk with a choice brings tokens even when its text is empty (the server
+                # holds back bytes that do not yet decode): counting only chunks with text gave
+                # a TTFT of 0 when no token of a request decoded to text
+                if chunk.get("choices"):
                     if result.ttft == 0.0:
                         result.ttft = now - start
                     else:
