@@ -25,10 +25,12 @@ K, so that a seeded request's draws do not depend on timing.
 
 Costs are medians of the last measurements, and every proposal made while the drafter is caught
 up measures the draft forward, probes included; a draft process catches up on the tokens during
-plain steps (Proposer.observe), so a probe costs its drafting only. (Measured on the H200: with
-an average over measurements and the draft measured only in runs of speculative steps, one
-early slow proposal priced every k > 0 out for good, and each probe after plain steps paid a
-catch-up on all the tokens since.)
+plain steps while speculation is near (Proposer.observe, `feeding_pays`), so a probe costs its
+drafting only. (Measured on the H200: with an average over measurements and the draft measured
+only in runs of speculative steps, one early slow proposal priced every k > 0 out for good, and
+each probe after plain steps paid a catch-up on all the tokens since.) In a run of plain steps
+over the same requests the full choice is remade every PLAIN_RECHECK_STEPS steps, or at once
+when a verdict, a draft cost or a request comes or goes.
 
 Batched overlap (`can_split`, the draft in its own process): a split step verifies half the
 batch while the drafter drafts the other half, then the halves swap; it takes
