@@ -24,6 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
+import numpy as np  # noqa: E402
 
 SIZE_IN, DPI = (9.0, 5.5), 100
 MARKERS = "osD^v"
@@ -268,6 +269,10 @@ def plot_draft(result: dict, path: str) -> str:
     return save(fig, title_of(what, [result], host=True), path)
 
 
+def batch_of(result: dict) -> int:
+    return result.get("args", {}).get("batch_size", 1)
+
+
 def latency_config(result: dict) -> str:
     """The label of a latency run's configuration: model, dtype, speculation, lengths."""
     args = result.get("args", {})
@@ -282,9 +287,22 @@ def latency_config(result: dict) -> str:
     return ", ".join(p for p in parts if p)
 
 
+def _by_batch(pairs: list[tuple[int, float]]) -> tuple[list[int], list[float], list, list]:
+    """(batch, figure) pairs of several runs -> batches, the median per batch, and the distance
+    from it down to the smallest and up to the largest (error bars)."""
+    per = defaultdict(list)
+    for x, y in pairs:
+        per[x].append(y)
+    xs = sorted(per)
+    mids = [float(np.median(per[x])) for x in xs]
+    return (xs, mids, [m - min(per[x]) for x, m in zip(xs, mids)],
+            [max(per[x]) - m for x, m in zip(xs, mids)])
+
+
 def plot_latency(results: list[dict], path: str) -> str:
     """Decode step (ms per output token) against batch size, one line per configuration
-    (engine solid, transformers baseline dash-dot), the floor dashed in the configuration's
+    (engine solid, transformers baseline dash-dot) through the median of its runs at each batch
+    size, bars from the fastest to the slowest run; the floor dashed in the configuration's
     colour. The y axis is logarithmic when the figures span more than 10x."""
     groups = defaultdict(list)
     for r in results:
@@ -294,25 +312,25 @@ def plot_latency(results: list[dict], path: str) -> str:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     batches, values = set(), []
     for i, (label, rs) in enumerate(sorted(groups.items())):
-        rs.sort(key=lambda r: r.get("args", {}).get("batch_size", 1))
-        xs = [r.get("args", {}).get("batch_size", 1) for r in rs]
         color = colors[i % len(colors)]
-        batches.update(xs)
-        ys = [value(r["engine"]["decode_step_ms"]) for r in rs]
-        values += ys
-        ax.plot(xs, ys, "o-", color=color, label=f"engine: {label}")
-        hf = [(x, value(r["hf_transformers"]["decode_step_ms"])) for x, r in zip(xs, rs)
-              if "hf_transformers" in r]
-        if hf:
-            ax.plot([x for x, _ in hf], [y for _, y in hf], "s-.", color=color,
-                    label=f"HF transformers: {label}")
-            values += [y for _, y in hf]
-        floors = [(x, value(r["decode_floor_ms"])) for x, r in zip(xs, rs)
+        runs = f" ({len(rs)} runs)" if len(rs) > len({batch_of(r) for r in rs}) else ""
+        for key, style, name in (("engine", "o-", "engine"),
+                                 ("hf_transformers", "s-.", "HF transformers")):
+            pairs = [(batch_of(r), value(r[key]["decode_step_ms"])) for r in rs if key in r]
+            if not pairs:
+                continue
+            xs, ys, lo, hi = _by_batch(pairs)
+            batches.update(xs)
+            values += [y for _, y in pairs]
+            ax.errorbar(xs, ys, yerr=[lo, hi], fmt=style, color=color, capsize=3,
+                        label=f"{name}: {label}{runs}")
+        floors = [(batch_of(r), value(r["decode_floor_ms"])) for r in rs
                   if "decode_floor_ms" in r]
         if floors:
-            ax.plot([x for x, _ in floors], [y for _, y in floors], "--", color=color, alpha=0.7,
+            xs, ys, _, _ = _by_batch(floors)
+            ax.plot(xs, ys, "--", color=color, alpha=0.7,
                     label="floor (weights + KV / bandwidth)" if i == 0 else None)
-            values += [y for _, y in floors]
+            values += ys
     if batches and max(batches) > 2:
         ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(batches) or [1])
