@@ -108,7 +108,7 @@ class SpecDecoder:
         self._draft_s = 0.0
         self._drafter_timing = (None, None)
         spec = self.spec_config
-        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
+        decoding = None  # worked out only where a decision needs it (never for plain engines)
         if self.proposer is None or (spec.speculative_disable_by_batch_size is not None
                                      and len(running) >= spec.speculative_disable_by_batch_size):
             self.decision = Decision(0)
@@ -117,23 +117,27 @@ class SpecDecoder:
         else:
             # seeded requests must come out the same on every run: timing may not change k
             seeded = any(r.sampling_params.seed is not None for r in running)
+            decoding = _decoding(running)
             catch_up = sum(r.num_tokens - self._seen.get(r.req_id, 0) for r in decoding)
             self.decision = self.controller.decide([r.req_id for r in decoding], seeded,
                                                    catch_up)
             if self.spec_config.speculative_draft_ahead == "on" and not self.decision.probe:
                 self.decision.draft_ahead = self.draft_ahead
-        self.resting = self._plan_split(decoding)
+        self.resting = self._plan_split(running, decoding)
         return self.decision.k
 
-    def _plan_split(self, decoding: list[Request]) -> list[Request]:
+    def _plan_split(self, running: list[Request],
+                    decoding: Optional[list[Request]]) -> list[Request]:
         """The decoding requests to draft during this step's verification (batched overlap),
         left out of the step: those not drafted during the previous one. The first split step
         verifies the first half (drafted now, synchronously)."""
         mode = self.spec_config.speculative_batch_split
-        split = (self.decision.k > 0 and len(decoding) >= 2 and self.proposer is not None
+        split = (self.decision.k > 0 and self.proposer is not None
                  and getattr(self.proposer, "runs_in_own_process", False)
                  and (mode == "on" or (mode == "auto" and self.decision.split)))
-        if not split:
+        if split and decoding is None:
+            decoding = _decoding(running)
+        if not split or len(decoding) < 2:
             self.decision.split = False
             return []
         self.decision.split = True
@@ -366,3 +370,8 @@ class SpecDecoder:
                         c["controller_draft_ahead"], c["controller_num_probes"],
                         c["controller_draft_forward_ms"], c["controller_proposal_fixed_ms"],
                         c["controller_plain_step_ms"], self.controller.k_histogram)
+
+
+def _decoding(running: list[Request]) -> list[Request]:
+    """The running requests past their prompt (each brings its last token to this step)."""
+    return [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
