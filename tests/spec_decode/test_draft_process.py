@@ -4,12 +4,14 @@ timeout or dies (SIGKILL) mid-generation is replaced while the engine decodes wi
 speculation, and outputs still equal plain decoding; a bad draft is a start-up error."""
 import os
 import signal
+import time
 
 import pytest
 
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
+from vllm.spec_decode import draft_process
 
 PROMPTS = ["def fibonacci(n):", "The quick brown fox jumps over", "x", "Once upon a time"]
 NUM_TOKENS = 48
@@ -65,6 +67,30 @@ def test_draft_process_greedy_equals_plain(reference, spec_target, spec_draft, d
     finally:
         engine.shutdown()
     assert engine.proposer.proc.poll() is not None  # shutdown stopped it
+
+
+def test_a_spinning_drafter_rests_once_steps_stop(spec_target, spec_draft, monkeypatch):
+    """VLLM_DRAFTER_SPIN busy-waits only while steps come: the drafter burns CPU right after a
+    generation, and none to speak of once SPIN_IDLE_S (and its threads' spin count) has
+    passed without a step."""
+    psutil = pytest.importorskip("psutil")
+    monkeypatch.setenv("VLLM_DRAFTER_SPIN", "on")
+    engine = spec_engine(spec_target, spec_draft)
+    try:
+        drafter = psutil.Process(engine.proposer.pid)
+        run(engine)
+
+        def cpu_seconds_over(seconds: float) -> float:
+            before = sum(drafter.cpu_times()[:2])
+            time.sleep(seconds)
+            return sum(drafter.cpu_times()[:2]) - before
+
+        busy = cpu_seconds_over(0.3)  # within SPIN_IDLE_S of the last step: spinning
+        time.sleep(draft_process.SPIN_IDLE_S + 1.5)
+        idle = cpu_seconds_over(1.0)
+        assert busy > 0.1 and idle < 0.05, (busy, idle)
+    finally:
+        engine.shutdown()
 
 
 @pytest.mark.parametrize("fault", [signal.SIGSTOP, signal.SIGKILL])
