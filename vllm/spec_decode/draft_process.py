@@ -129,7 +129,8 @@ def _drafter_main() -> None:
 
 
 def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
-                step: DraftStep) -> tuple[list[list[int]], list, float, Optional[float]]:
+                step: DraftStep) -> tuple[list[list[int]], list, Optional[float],
+                                          Optional[float]]:
     for req_id in step.frees:
         proposer.free(req_id)
         mirrors.pop(req_id, None)
@@ -140,14 +141,12 @@ def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
         mirrors[sync.req_id] = MirroredRequest(sync)
     for req_id, start, token_ids in step.deltas:
         mirrors[req_id].apply(start, token_ids)
-    start = time.perf_counter()
     if step.feeds:
         proposer.feed([mirrors[req_id] for req_id in step.feeds])
     reqs = [mirrors[req_id] for req_id, _ in step.proposals]
     proposal = proposer.propose(reqs, [k for _, k in step.proposals]).result()
     probs = [p.numpy() if p is not None else None for p in proposal.draft_probs]
-    return (proposal.draft_token_ids, probs, time.perf_counter() - start,
-            proposal.first_forward_seconds)
+    return (proposal.draft_token_ids, probs, proposal.seconds, proposal.first_forward_seconds)
 
 
 class DraftProcessProposer(Proposer):

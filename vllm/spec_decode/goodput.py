@@ -149,6 +149,15 @@ def tokens_by_k(alphas: list[float], max_k: int) -> list[float]:
     return np.cumsum(powers, axis=1).sum(axis=0).tolist()
 
 
+def later_forward_seconds(k: int, seconds: float, first_forward_s: Optional[float]) -> float:
+    """One draft forward after the first, from a proposal of k drafts the drafter timed at
+    seconds, of which its first forward first_forward_s (that one stands for a forward when it
+    is the only one; without it, the k forwards are taken as equal)."""
+    if first_forward_s is None:
+        return seconds / k
+    return (seconds - first_forward_s) / (k - 1) if k > 1 else first_forward_s
+
+
 @dataclass
 class Decision:
     k: int  # drafts per decoding request this step (0: plain decoding)
@@ -401,7 +410,7 @@ class GoodputController:
         if drafter_s is None or first_forward_s is None:
             self.t_draft.record(num_requests, wait_s / k)
             return
-        later = (drafter_s - first_forward_s) / (k - 1) if k > 1 else first_forward_s
+        later = later_forward_seconds(k, drafter_s, first_forward_s)
         self.t_draft.record(num_requests, later)
         self.t_first.record(num_requests, max(wait_s - (k - 1) * later, 0.0))
 
@@ -411,8 +420,7 @@ class GoodputController:
         first forward first_forward_s), as it measured it: a split step's drafting overlaps the
         verification, so the engine's wait does not show it."""
         self._changes += 1
-        self.t_draft.record(num_requests, (seconds - first_forward_s) / (k - 1)
-                            if k > 1 and first_forward_s is not None else seconds / k)
+        self.t_draft.record(num_requests, later_forward_seconds(k, seconds, first_forward_s))
 
     def record_verdict(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
         """A verification of req_id's num_drafts drafts accepted num_accepted of them."""
