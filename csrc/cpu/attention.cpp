@@ -141,10 +141,18 @@ void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cach
                                      num_heads, num_kv_heads, block_size,
                                      static_cast<float>(scale)};
   const int* tables = block_tables.data_ptr<int>();
-  // K/V elements read x query rows: below ~1M multiply-adds the whole call runs on one thread
-  int64_t work = 0;
-  for (const Task& t : tasks) work += static_cast<int64_t>(ctx[t.seq]) * (t.q_end - t.q_begin) * group;
-  const int64_t grain = work * HEAD_SIZE < (1 << 20) ? static_cast<int64_t>(tasks.size()) : 1;
+  // One thread for a small call: below ~64K multiply-adds and 32 KB of K/V together, waking
+  // the pool costs more than it saves. Above, a task per thread: the K/V rows of a decode
+  // step's sequences are cache misses (a layer's cache does not stay in cache between steps),
+  // so even a few thousand keys are worth spreading (a 1M multiply-add bound kept a batch of 8
+  // two-head sequences on one thread: 0.43 ms per layer on 2 cores, most of the draft's step).
+  int64_t macs = 0, kv_bytes = 0;
+  for (const Task& t : tasks) {
+    macs += static_cast<int64_t>(ctx[t.seq]) * (t.q_end - t.q_begin) * group * HEAD_SIZE;
+    kv_bytes += static_cast<int64_t>(ctx[t.seq]) * 2 * HEAD_SIZE * static_cast<int64_t>(sizeof(T));
+  }
+  const bool small = macs < (int64_t{1} << 16) && kv_bytes < (int64_t{32} << 10);
+  const int64_t grain = small ? std::max<int64_t>(1, static_cast<int64_t>(tasks.size())) : 1;
   at::parallel_for(0, tasks.size(), grain, [&](int64_t begin, int64_t end) {
     std::vector<float> q_rows, scores, acc;
     auto local = kernel;
