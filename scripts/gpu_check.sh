@@ -5,9 +5,9 @@
 #   bash scripts/gpu_check.sh [all|test|bench|spec|draft|pair|tp, or a comma list: test,tp] [OUT_DIR]
 #   (tp: TP_SIZE GPUs, default 2: tensor-parallel greedy equality and latency; skipped with fewer)
 #   (spin: the trained pair's CPU draft sleeping vs busy-waiting between proposals, after pair)
-#   (goodput: a never-accepted CPU draft vs plain at GOODPUT_BATCHES, the drafter spinning per
-#   GOODPUT_SPIN (default: auto and off); profile: the target step by kernel at PROFILE_SHAPES x
-#   PROFILE_BATCHES, benchmarks/profile_step.py)
+#   (goodput: a never-accepted CPU draft vs plain at GOODPUT_BATCHES, per GOODPUT_MODES (the
+#   drafter spinning or not, its cores); profile: the target step by kernel at PROFILE_SHAPES x
+#   PROFILE_BATCHES, each VLLM_CUDA_GEMV value in PROFILE_GEMV, benchmarks/profile_step.py)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too, PAIR_SHAPE=llama-2-13b for another target shape;
 #   serve: the pair served plain and with its CPU draft, engine core in its own process and on
@@ -167,8 +167,8 @@ if want draft; then
     "$PY" -m benchmarks.model_shapes $s /tmp/$s > /dev/null 2>&1
   done
   "$PY" benchmarks/benchmark_draft.py --model /tmp/draft-20m,/tmp/llama-68m,/tmp/smollm2-135m \
-    --load-format dummy --dtypes bfloat16 --threads 1,2,4,8,16 --batch-sizes 1,8 \
-    --paths fused,native --num-forwards 48 --output-json "$OUT_DIR/draft_forward.json" \
+    --load-format dummy --dtypes bfloat16 --threads "${DRAFT_THREADS:-1,2,4,8,16}" --batch-sizes 1,8 \
+    --paths "${DRAFT_PATHS:-fused,native}" --num-forwards 48 --output-json "$OUT_DIR/draft_forward.json" \
     > "$OUT_DIR/draft_forward.log" 2>&1 || status=1
   grep "thr  batch" "$OUT_DIR/draft_forward.log" | tail -60
   grep -A12 "== summary" "$OUT_DIR/draft_forward.log"
@@ -215,13 +215,19 @@ if want goodput; then
   "$PY" -m benchmarks.model_shapes llama-2-7b /tmp/llama-2-7b > /dev/null 2>&1
   "$PY" -m benchmarks.model_shapes llama-68m /tmp/llama-68m > /dev/null 2>&1
   for bs in ${GOODPUT_BATCHES:-1 8 32}; do
-    # the speculative run once per GOODPUT_SPIN value of VLLM_DRAFTER_SPIN (a spinning drafter
-    # may slow the engine's plain steps, e.g. by the host's all-core clock: A/B it)
-    for mode in plain $(for spin in ${GOODPUT_SPIN:-auto off}; do echo "spec-spin$spin"; done); do
+    # GOODPUT_MODES: plain, and the speculative run as spec-spinauto / spec-spinoff
+    # (VLLM_DRAFTER_SPIN: a spinning drafter may slow the engine's plain steps, e.g. by the
+    # host's all-core clock) and spec-cpushalf (the drafter on the upper half of the cores, the
+    # engine on the lower half, instead of the engine on the first two: an engine pinned to the
+    # cores that take the interrupts may run its host work slower)
+    for mode in ${GOODPUT_MODES:-plain spec-spinauto spec-spinoff spec-cpushalf}; do
       flags="" spin=auto
       if [ $mode != plain ]; then
         flags="--speculative-model /tmp/llama-68m --cpu-draft-worker --num-speculative-tokens 4"
-        spin=${mode#spec-spin}
+        case $mode in
+          spec-spin*) spin=${mode#spec-spin} ;;
+          spec-cpushalf) flags="$flags --speculative-draft-cpus $(( $(nproc) / 2 ))-$(( $(nproc) - 1 ))" ;;
+        esac
       fi
       echo "-- batch $bs, $mode"
       VLLM_DRAFTER_SPIN=$spin "$PY" benchmarks/benchmark_latency.py \
@@ -236,11 +242,16 @@ if want profile; then
   echo "== the target step by kernel: decode (q=1) and verification (q=5), 7B / 13B / 34B shapes"
   for shape in ${PROFILE_SHAPES:-llama-2-7b llama-2-13b codellama-34b}; do
     "$PY" -m benchmarks.model_shapes $shape /tmp/$shape > /dev/null 2>&1
-    echo "-- $shape"
-    "$PY" benchmarks/profile_step.py --model /tmp/$shape --load-format dummy --dtype bfloat16 \
-      --max-model-len 1024 --gpu-memory-utilization 0.8 --shapes "${PROFILE_BATCHES:-1x1,1x5,16x1,16x5,32x1}" \
-      --output-json "$OUT_DIR/profile_$shape.json" > "$OUT_DIR/profile_$shape.log" 2>&1 || status=1
-    grep -v "INFO\|WARNING" "$OUT_DIR/profile_$shape.log" | tail -48
+    # PROFILE_GEMV: VLLM_CUDA_GEMV values to run (our GEMV for steps of <= 8 rows vs cuBLAS)
+    for gemv in ${PROFILE_GEMV:-off}; do
+      echo "-- $shape, VLLM_CUDA_GEMV=$gemv"
+      VLLM_CUDA_GEMV=$gemv "$PY" benchmarks/profile_step.py --model /tmp/$shape --load-format dummy \
+        --dtype bfloat16 --max-model-len 1024 --gpu-memory-utilization 0.8 \
+        --shapes "${PROFILE_BATCHES:-1x1,1x5,16x1,16x5,32x1}" \
+        --output-json "$OUT_DIR/profile_${shape}_gemv$gemv.json" \
+        > "$OUT_DIR/profile_${shape}_gemv$gemv.log" 2>&1 || status=1
+      grep -v "INFO\|WARNING" "$OUT_DIR/profile_${shape}_gemv$gemv.log" | tail -48
+    done
   done
 fi
 if want serve; then

@@ -2,17 +2,28 @@
 Scheduler's). Text grows by decoding a short window of recent tokens (seeded with the prompt's
 tail so leading spaces come out right) and holding back text that ends in an incomplete UTF-8
 sequence."""
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from vllm.core.request import Request, RequestStatus
 
 _PROMPT_TAIL = 5
 
 
+def text_decoder(tokenizer: Any) -> Callable[..., str]:
+    """tokenizer.decode, or the same decode of its Rust backend where transformers adds nothing
+    to it (a fast tokenizer that does not clean up spaces): transformers' decode first walks the
+    ids in Python (4.4 us against 0.7 for a six-token window, twice per request per step)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return tokenizer.decode
+    return backend.decode
+
+
 class Detokenizer:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self._decode = text_decoder(tokenizer)
         self._state: dict[str, tuple[list[int], int, int]] = {}  # ids, prefix_offset, read_offset
 
     def free(self, req: Request) -> None:
@@ -25,9 +36,8 @@ class Detokenizer:
         ids, prefix_offset, read_offset = state
         if read_offset < len(ids):
             skip = req.sampling_params.skip_special_tokens
-            prefix_text = self.tokenizer.decode(ids[prefix_offset:read_offset],
-                                                skip_special_tokens=skip)
-            full_text = self.tokenizer.decode(ids[prefix_offset:], skip_special_tokens=skip)
+            prefix_text = self._decode(ids[prefix_offset:read_offset], skip_special_tokens=skip)
+            full_text = self._decode(ids[prefix_offset:], skip_special_tokens=skip)
             req.output_text += full_text[len(prefix_text):]
 
     def decode_new_tokens(self, req: Request, new_ids: list[int]) -> str:
@@ -40,9 +50,8 @@ class Detokenizer:
                          len(req.prompt_token_ids[-_PROMPT_TAIL:])))
         ids = ids + new_ids
         skip = params.skip_special_tokens
-        prefix_text = self.tokenizer.decode(ids[prefix_offset:read_offset],
-                                            skip_special_tokens=skip)
-        full_text = self.tokenizer.decode(ids[prefix_offset:], skip_special_tokens=skip)
+        prefix_text = self._decode(ids[prefix_offset:read_offset], skip_special_tokens=skip)
+        full_text = self._decode(ids[prefix_offset:], skip_special_tokens=skip)
         delta = ""
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
             delta = full_text[len(prefix_text):]
