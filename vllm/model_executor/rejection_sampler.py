@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
-from vllm.model_executor.sampler import Sampler, SamplingBatch
+from vllm.model_executor.sampler import Sampler, SamplingBatch, argmax_rows
 
 PLACEHOLDER = -1  # pads draft_ids past a request's drafts
 
@@ -77,10 +77,10 @@ class RejectionSampler:
         with one synchronisation (inputs already on logits' device: VerificationInputs.build)."""
         batch, drafts = inputs.batch, inputs.drafts
         if batch is None:  # plain greedy requests only: nothing changes the logits
-            return self._greedy_batch(logits.argmax(dim=-1), drafts)
+            return self._greedy_batch(argmax_rows(logits), drafts)
         penalised = Sampler.apply_penalties(logits, batch)
         if all(inputs.is_greedy):
-            return self._greedy_batch(penalised.argmax(dim=-1), drafts)
+            return self._greedy_batch(argmax_rows(penalised), drafts)
         probs = Sampler.compute_probs(logits, batch)
         pending = []  # per request: (accepted [m] bool, candidates [m + 1]) on the device
         for i, draft in enumerate(drafts):
@@ -128,7 +128,7 @@ class RejectionSampler:
     @staticmethod
     def _greedy(x: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Accept while the draft x [m] is the target's argmax; candidates are the argmaxes."""
-        argmax = logits.argmax(dim=-1)  # [m + 1]
+        argmax = argmax_rows(logits)  # [m + 1]
         return argmax[:len(x)] == x, argmax
 
     @staticmethod

@@ -23,7 +23,7 @@ from vllm.core.scheduler import SchedulerOutput
 from vllm.forward_context import AttentionMetadata, set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.loader import resolve_config
-from vllm.model_executor.sampler import Sampler, SamplingBatch
+from vllm.model_executor.sampler import Sampler, SamplingBatch, argmax_rows
 from vllm.spec_decode.proposer import Proposal, ProposalHandle, Proposer
 from vllm.worker import cpu_threads, kv_cache
 from vllm.worker.model_runner import ModelRunner
@@ -138,7 +138,7 @@ class DraftModelProposer(Proposer):
             query_lens=[1], prefill_only=False)
         with set_forward_context(md, self.runner.kv_caches):
             hidden = self.runner.model(torch.zeros(1, dtype=torch.long), torch.tensor([bs - 1]))
-        self.runner.model.compute_logits(hidden).argmax(-1).tolist()
+        argmax_rows(self.runner.model.compute_logits(hidden)).tolist()
 
     def propose(self, requests: list[Request], max_num_drafts: list[int]) -> ProposalHandle:
         return ProposalHandle(lambda: self._propose(requests, max_num_drafts))
@@ -285,17 +285,17 @@ class DraftModelProposer(Proposer):
         """Greedy drafts for greedy requests; otherwise a draw from the draft's processed
         distribution p (returned, on the CPU, for the rejection sampler)."""
         if all(r.sampling_params.is_plain_greedy for r in reqs):
-            return logits.argmax(-1).tolist(), [None] * len(reqs)
+            return argmax_rows(logits).tolist(), [None] * len(reqs)
         batch = SamplingBatch.build(
             [r.sampling_params for r in reqs], [r.prompt_token_ids for r in reqs],
             [self.seqs[r.req_id].token_ids[r.num_prompt_tokens:] for r in reqs],
             [self.generators.get(r.req_id) for r in reqs], self.runner.vocab_size,
             self.config.device)
         if all(r.sampling_params.is_greedy for r in reqs):
-            return Sampler.apply_penalties(logits, batch).argmax(-1).tolist(), [None] * len(reqs)
+            return argmax_rows(Sampler.apply_penalties(logits, batch)).tolist(), [None] * len(reqs)
         probs = Sampler.compute_probs(logits, batch)
         tokens = Sampler.sample_from_probs(probs, batch).tolist()
-        greedy = Sampler.apply_penalties(logits, batch).argmax(-1).tolist()
+        greedy = argmax_rows(Sampler.apply_penalties(logits, batch)).tolist()
         out_tokens, out_probs = [], []
         for i, r in enumerate(reqs):
             if r.sampling_params.is_greedy:
