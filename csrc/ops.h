@@ -33,14 +33,15 @@
   void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,    \
                        const at::Tensor& value_cache, const at::Tensor& block_tables,            \
                        const at::Tensor& context_lens, const at::Tensor& query_start_loc,        \
-                       int64_t max_context_len, double scale);
+                       int64_t max_context_len, double scale);                                   \
+  /* a decode step's matmul of few rows: out [M, N] = input [M, K] @ weight [N, K]^T (+ bias     \
+     [N]); fp32 sums, cost ~ the weight bytes (each weight byte read once for all M rows) */     \
+  void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,          \
+                    const std::optional<at::Tensor>& bias);
 
 namespace vllm_cpu {
 VLLM_KERNEL_DECLARATIONS
-// CPU only: a decode step of few rows (cpu/linear.cpp, cpu/decode_layers.cpp).
-/* out [M, N] = input [M, K] @ weight [N, K]^T (+ bias [N]); fp32 sums, cost ~ the weight bytes */
-void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
-                  const std::optional<at::Tensor>& bias);
+// CPU only: a decode step of few rows in one call (cpu/decode_layers.cpp).
 /* hidden [num_tokens, hidden] (the embedded tokens) -> the final norm's output, in place, through
    every layer; weights: per layer ln1, qkv_w, qkv_b (empty: none), o_w, ln2, gate_up_w, down_w;
    caches and attention metadata as for reshape_and_cache and paged_attention */

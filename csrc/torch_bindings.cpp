@@ -20,7 +20,7 @@ TORCH_LIBRARY(_C, m) {
       "paged_attention(Tensor! out, Tensor query, Tensor key_cache, Tensor value_cache, "
       "Tensor block_tables, Tensor context_lens, Tensor query_start_loc, int max_context_len, "
       "float scale) -> ()");
-  // CPU only (a decode step of few rows)
+  // a decode step of few rows (linear_small on both devices, decode_layers on the CPU only)
   m.def("linear_small(Tensor! out, Tensor input, Tensor weight, Tensor? bias) -> ()");
   m.def(
       "decode_layers(Tensor! hidden, Tensor positions, Tensor[] weights, Tensor final_norm, "
@@ -37,11 +37,11 @@ TORCH_LIBRARY(_C, m) {
   m.impl("rotary_embedding", &ns::rotary_embedding);          \
   m.impl("reshape_and_cache", &ns::reshape_and_cache);        \
   m.impl("copy_blocks", &ns::copy_blocks);                    \
-  m.impl("paged_attention", &ns::paged_attention)
+  m.impl("paged_attention", &ns::paged_attention);            \
+  m.impl("linear_small", &ns::linear_small)
 
 TORCH_LIBRARY_IMPL(_C, CPU, m) {
   VLLM_REGISTER_KERNELS(m, vllm_cpu);
-  m.impl("linear_small", &vllm_cpu::linear_small);
   m.impl("decode_layers", &vllm_cpu::decode_layers);
 }
 

@@ -41,9 +41,11 @@ def _call(op_name: str, device: torch.device, *args) -> None:
     except NotImplementedError as e:
         if has_kernel(op_name, device.type):
             raise
+        hint = (" (vllm._C was built without CUDA: rebuild it with VLLM_TARGET_DEVICE=cuda)"
+                if device.type == "cuda" and not getattr(_C, "cuda_enabled", 0) else "")
         raise NotImplementedError(
             f"vllm._C::{op_name} has no kernel for device '{device.type}'; this build supports: "
-            f"{', '.join(kernel_devices(op_name)) or 'none'}") from e
+            f"{', '.join(kernel_devices(op_name)) or 'none'}{hint}") from e
 
 
 def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
@@ -85,12 +87,13 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
 
 
 # CPU-only ops (no CUDA kernel): a decode step of few rows (vllm/model_executor/cpu_decode.py)
-CPU_OP_NAMES = ("linear_small", "decode_layers")
+CPU_OP_NAMES = ("decode_layers",)
 
 
 def linear_small(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
                  bias: "torch.Tensor | None" = None) -> None:
-    """out [M, N] = input [M, K] @ weight [N, K]^T (+ bias); for few rows (M up to ~32)."""
+    """out [M, N] = input [M, K] @ weight [N, K]^T (+ bias); for few rows (the CPU's up to ~32,
+    CUDA's up to 8 per pass over the weights). CPU: fp32, bf16; CUDA: fp32, fp16, bf16."""
     _call("linear_small", input.device, out, input, weight, bias)
 
 

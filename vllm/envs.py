@@ -27,6 +27,9 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_CPU_DECODE_PATH": (str.lower, "fused",
                              "CPU steps of at most 32 rows: fused (one decode_layers call per "
                              "step) or native (one op per layer piece, the reference)"),
+    "VLLM_CUDA_GEMV": (_flag, False,
+                       "CUDA linear layers and logits of at most 8 rows use vllm._C's "
+                       "linear_small GEMV instead of torch's GEMM: on or off"),
     "VLLM_MODEL_CACHE": (str, "", "where fetched GGUF models are cached; default "
                          "~/.cache/vllm-hetero/models"),
     "VLLM_LOGGING_LEVEL": (str.upper, "INFO", "log level of the vllm logger"),

@@ -161,4 +161,29 @@ void check_paged_attention_args(const at::Tensor& out, const at::Tensor& query,
               num_seqs + 1, " entries, got ", query_start_loc.size(0));
 }
 
+void check_linear_small_args(const at::Tensor& out, const at::Tensor& input,
+                             const at::Tensor& weight, const at::Tensor* bias) {
+  TORCH_CHECK(input.dim() == 2 && weight.dim() == 2 && out.dim() == 2,
+              "linear_small takes 2-d input, weight and out");
+  VLLM_CHECK_SAME_DEVICE(input, weight);
+  VLLM_CHECK_SAME_DEVICE(input, out);
+  TORCH_CHECK(weight.is_contiguous() && input.stride(1) == 1 && out.stride(1) == 1,
+              "linear_small needs a contiguous weight and unit-stride input/out rows");
+  TORCH_CHECK(input.size(1) == weight.size(1), "input has ", input.size(1),
+              " features, weight expects ", weight.size(1));
+  TORCH_CHECK(out.size(0) == input.size(0) && out.size(1) == weight.size(0), "out has shape ",
+              out.sizes(), ", expected [", input.size(0), ", ", weight.size(0), "]");
+  TORCH_CHECK(input.scalar_type() == weight.scalar_type() &&
+                  out.scalar_type() == weight.scalar_type(),
+              "linear_small needs one dtype for input, weight and out; got input ",
+              input.scalar_type(), ", weight ", weight.scalar_type(), ", out ", out.scalar_type());
+  if (bias != nullptr) {
+    TORCH_CHECK(bias->device() == input.device(), "bias is on ", bias->device(),
+                " but input is on ", input.device());
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->is_contiguous() &&
+                    bias->scalar_type() == weight.scalar_type(),
+                "bias must be a contiguous [", weight.size(0), "] tensor of the weight's dtype");
+  }
+}
+
 }  // namespace vllm

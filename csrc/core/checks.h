@@ -40,5 +40,8 @@ void check_paged_attention_args(const at::Tensor& out, const at::Tensor& query,
                                 const at::Tensor& key_cache, const at::Tensor& value_cache,
                                 const at::Tensor& block_tables, const at::Tensor& context_lens,
                                 const at::Tensor& query_start_loc);
+// bias: null when there is none.
+void check_linear_small_args(const at::Tensor& out, const at::Tensor& input,
+                             const at::Tensor& weight, const at::Tensor* bias);
 
 }  // namespace vllm

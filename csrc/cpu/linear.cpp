@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "core/checks.h"
 #include "cpu/vec.h"
 #include "ops.h"
 
@@ -202,29 +203,10 @@ template void linear_small_impl<c10::BFloat16>(c10::BFloat16*, int64_t, const c1
                                                int64_t, const c10::BFloat16*,
                                                const c10::BFloat16*, int64_t, int64_t, int64_t);
 
-void check_linear_small_args(const at::Tensor& out, const at::Tensor& input,
-                             const at::Tensor& weight, const at::Tensor* bias) {
-  TORCH_CHECK(input.dim() == 2 && weight.dim() == 2 && out.dim() == 2,
-              "linear_small takes 2-d input, weight and out");
-  TORCH_CHECK(weight.is_contiguous() && input.stride(1) == 1 && out.stride(1) == 1,
-              "linear_small needs a contiguous weight and unit-stride input/out rows");
-  TORCH_CHECK(input.size(1) == weight.size(1), "input has ", input.size(1),
-              " features, weight expects ", weight.size(1));
-  TORCH_CHECK(out.size(0) == input.size(0) && out.size(1) == weight.size(0), "out has shape ",
-              out.sizes(), ", expected [", input.size(0), ", ", weight.size(0), "]");
-  TORCH_CHECK(input.scalar_type() == weight.scalar_type() && out.scalar_type() == weight.scalar_type(),
-              "linear_small needs one dtype for input, weight and out");
-  if (bias != nullptr) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->is_contiguous() &&
-                    bias->scalar_type() == weight.scalar_type(),
-                "bias must be a contiguous [", weight.size(0), "] tensor of the weight's dtype");
-  }
-}
-
 void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                   const std::optional<at::Tensor>& bias) {
   const at::Tensor* b = bias.has_value() && bias->defined() ? &*bias : nullptr;
-  check_linear_small_args(out, input, weight, b);
+  vllm::check_linear_small_args(out, input, weight, b);
   VLLM_CPU_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "linear_small", [&] {
     linear_small_impl<scalar_t>(out.data_ptr<scalar_t>(), out.stride(0),
                                 input.data_ptr<scalar_t>(), input.stride(0),

@@ -10,7 +10,4 @@ template <typename T>
 void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T* weight,
                        const T* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim);
 
-void check_linear_small_args(const at::Tensor& out, const at::Tensor& input,
-                             const at::Tensor& weight, const at::Tensor* bias);
-
 }  // namespace vllm_cpu

@@ -3,14 +3,43 @@ output features (fused QKV by heads, fused gate/up by each part's share) and nee
 communication; a row-parallel layer holds a share of the input features and sums the partial
 products over ranks (the one all-reduce of an attention or MLP block). With one rank each is
 exactly nn.Linear. Each layer's weight_loader takes a full checkpoint tensor (or one part of a
-fused layer) and copies in this rank's slice."""
+fused layer) and copies in this rank's slice. On CUDA, a step of at most GEMV_MAX_ROWS rows can
+take vllm._C's linear_small (a GEMV streaming each weight byte once for all rows) instead of
+torch's GEMM: VLLM_CUDA_GEMV=on."""
 from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm import _custom_ops as ops
+from vllm import envs
 from vllm.distributed.parallel_state import get_tp_group, kv_head_range, shard_range
+
+GEMV_MAX_ROWS = 8  # CUDA rows that linear_small takes in one pass over the weights
+GEMV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def cuda_gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when x [rows, in] @ weight^T runs as linear_small: a CUDA step of at most
+    GEMV_MAX_ROWS rows, one dtype, unit-stride rows, a contiguous weight, no autograd, and
+    VLLM_CUDA_GEMV on (read per call; inside a CUDA graph the capture's choice stays)."""
+    return (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS
+            and x.dtype == weight.dtype and x.dtype in GEMV_DTYPES and x.stride(-1) == 1
+            and weight.is_contiguous() and not (torch.is_grad_enabled() and weight.requires_grad)
+            and envs.VLLM_CUDA_GEMV and ops.has_kernel("linear_small", "cuda"))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor,
+           bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.linear(x, weight, bias), through linear_small when cuda_gemv_applies: the result goes to
+    a fresh tensor of torch's caching allocator (a CUDA graph's pool during capture) and the
+    kernel runs on the current stream, with no host sync."""
+    if cuda_gemv_applies(x, weight) and (bias is None or bias.dtype == x.dtype):
+        out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+        ops.linear_small(out, x, weight, None if bias is None else bias.contiguous())
+        return out
+    return F.linear(x, weight, bias)
 
 
 def _check_shape(loaded: torch.Tensor, expected: Sequence[int]) -> None:
@@ -27,6 +56,9 @@ class ColumnParallelLinear(nn.Linear):
         # per part: (rows in the full part, [start, end) of this rank's rows)
         self.parts = [(n, self._rank_rows(i, n)) for i, n in enumerate(output_sizes)]
         super().__init__(input_size, sum(e - s for _, (s, e) in self.parts), bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
     def _rank_rows(self, part: int, rows: int) -> tuple[int, int]:
         return shard_range(rows, self.tp.rank, self.tp.size)
@@ -93,8 +125,8 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.linear(x, self.weight, self.bias)
-        out = self.tp.all_reduce(F.linear(x, self.weight))
+            return linear(x, self.weight, self.bias)
+        out = self.tp.all_reduce(linear(x, self.weight))
         return out if self.bias is None else out + self.bias
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,

@@ -11,6 +11,7 @@ from torch import nn
 
 from vllm.distributed.parallel_state import get_tp_group
 from vllm.model_executor import cpu_decode
+from vllm.model_executor.layers.linear import linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -35,7 +36,10 @@ class VocabParallelEmbedding(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [num_rows, dim] -> fp32 logits [num_rows, vocab], on every rank."""
-        logits = cpu_decode.linear(hidden, self.weight).float()  # GEMV for few CPU rows
+        # in the weights' dtype, then fp32; a GEMV for few rows (CPU: cpu_decode's; CUDA:
+        # linear_small with VLLM_CUDA_GEMV on), else torch's GEMM
+        gemm = linear if hidden.is_cuda else cpu_decode.linear
+        logits = gemm(hidden, self.weight).float()
         if self.tp.size == 1:
             return logits
         return self.tp.all_gather(logits)[:, :self.num_embeddings]

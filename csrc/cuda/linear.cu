@@ -1,0 +1,366 @@
+// linear_small on CUDA: out[M, N] = input[M, K] @ weight[N, K]^T (+ bias) for few rows (a decode
+// step: M of 1 to 8 per launch; more rows take one launch per 8). Like cuBLAS's GEMV this costs
+// the weight bytes, so the kernel is shaped to stream them at the HBM read rate:
+//  - a block owns kRows = 4 adjacent weight rows (one 4 x K slab of contiguous memory) and all
+//    its threads sweep K together: each thread reads 16-byte chunks (8 bf16/fp16, 4 fp32) of
+//    every row, a warp covers 512 contiguous bytes of a row per load, and kUnroll = 2 chunks per
+//    row are loaded before any is used: 8 x 16 = 128 bytes in flight per thread, tens of KB per
+//    SM with the 2+ blocks that fit (the latency x bandwidth product is ~30 KB per SM on an H200).
+//    Splitting K over the whole block (not a warp per row) keeps every SM busy for N as small as
+//    4096 (1024 blocks of 256 threads) without a split-K pass;
+//  - each weight chunk is used for all M input rows while in registers (M x kRows fp32
+//    accumulators, M a template argument), and each input chunk for all kRows weight rows: the
+//    input is read once per block through L1 (__ldg; M x K elements, at most 8 x 28672 x 2 bytes,
+//    re-read by every block so it stays cached), the weights bypass L1 (ld.global.nc with
+//    L1::no_allocate) so their stream does not evict it;
+//  - bf16 is widened to fp32 by a shift (no conversion instruction), fp16 by __half22float2;
+//  - the block's partial sums are reduced by a halving warp exchange (each step a lane keeps half
+//    its values and trades the other half with its partner: 31 shuffles for 32 values instead of
+//    160) and then over the warps in shared memory; the bias is added in fp32 and the sum cast
+//    to T once, as torch's GEMM epilogue does.
+// A weight or input that is not 16-byte aligned, K not a multiple of the chunk, or an input row
+// stride that is not takes the same kernel with one-element loads (correct, not fast).
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "core/checks.h"
+#include "cuda/dispatch.h"
+#include "ops.h"
+
+namespace vllm_cuda {
+namespace {
+
+constexpr int kRows = 4;        // weight rows (output features) per block
+constexpr int kUnroll = 2;      // chunks per row each thread loads before using them
+constexpr int kMaxThreads = 256;
+constexpr int kMaxM = 8;        // input rows per launch (accumulators in registers)
+
+struct Params {
+  void* out;           // [M, N], row stride ldo
+  const void* input;   // [M, K], row stride ldi
+  const void* weight;  // [N, K], contiguous
+  const void* bias;    // [N] or null
+  int64_t ldo, ldi;
+  int n, k;
+};
+
+// 16 bytes of weights, past L1 (read once, they would only evict the input).
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// One element's bits, in the low bits of a word.
+template <typename T>
+__device__ __forceinline__ uint32_t load_bits(const T* p) {
+  if constexpr (sizeof(T) == 4) {
+    return __float_as_uint(__ldg(reinterpret_cast<const float*>(p)));
+  } else {
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
+  }
+}
+
+// The W words of a chunk (kVector: 16 bytes, else one element) -> its E floats.
+template <typename T, bool kVector>
+__device__ __forceinline__ void widen(const uint32_t* words, float* f) {
+  constexpr int W = kVector ? 4 : 1;
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    const uint32_t w = words[i];
+    if constexpr (std::is_same_v<T, float>) {
+      f[i] = __uint_as_float(w);
+    } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      f[kVector ? 2 * i : i] = __uint_as_float(w << 16);  // bf16 is fp32's top half
+      if constexpr (kVector) f[2 * i + 1] = __uint_as_float(w & 0xffff0000u);
+    } else {
+      if constexpr (kVector) {
+        __half2 h;
+        memcpy(&h, &w, sizeof(h));
+        const float2 v = __half22float2(h);
+        f[2 * i] = v.x;
+        f[2 * i + 1] = v.y;
+      } else {
+        f[i] = __half2float(__ushort_as_half(static_cast<unsigned short>(w)));
+      }
+    }
+  }
+}
+
+template <typename T, bool kVector, bool kStream>
+__device__ __forceinline__ void load_chunk(const T* p, uint32_t* words) {
+  if constexpr (kVector) {
+    const uint4 v = kStream ? load_stream16(p) : __ldg(reinterpret_cast<const uint4*>(p));
+    words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
+  } else {
+    words[0] = load_bits(p);
+  }
+}
+
+// One step of the halving exchange: of its WIDTH values a lane keeps the lower half (partner
+// bit OFFSET clear) or the upper half, and adds the partner's copy of that half, which the
+// partner sends in exchange for the other. After the steps of WIDTH = P, P/2, .., 2 (OFFSET = 16,
+// 8, ..), a[0] of lane l is the sum over its group of P lanes of value l >> (5 - log2 P).
+template <int WIDTH, int OFFSET>
+__device__ __forceinline__ void halve(float* a, int lane) {
+  const bool upper = lane & OFFSET;
+#pragma unroll
+  for (int i = 0; i < WIDTH / 2; ++i) {
+    const float send = upper ? a[i] : a[i + WIDTH / 2];
+    const float keep = upper ? a[i + WIDTH / 2] : a[i];
+    a[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFFSET);
+  }
+  if constexpr (WIDTH > 2) halve<WIDTH / 2, OFFSET / 2>(a, lane);
+}
+
+constexpr int pow2_at_least(int v) { return v <= 1 ? 1 : 2 * pow2_at_least((v + 1) / 2); }
+
+// grid: ceil(N / kRows) blocks; block b owns rows b * kRows .. + kRows of weight and out.
+template <typename T, int M, bool kVector>
+__global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params p) {
+  constexpr int E = kVector ? 16 / sizeof(T) : 1;  // elements per chunk
+  constexpr int W = kVector ? 4 : 1;               // 32-bit words per chunk
+  constexpr int V = M * kRows;                     // sums per block
+  constexpr int P = pow2_at_least(V);
+  static_assert(V <= 32, "one value per lane after the exchange");
+  const T* x = static_cast<const T*>(p.input);
+  const int n0 = blockIdx.x * kRows;
+  const int chunks = p.k / E;  // per row
+  // the last block's rows past N read row N - 1 again and write nothing
+  const T* rows[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    rows[r] = static_cast<const T*>(p.weight) + static_cast<int64_t>(min(n0 + r, p.n - 1)) * p.k;
+  }
+
+  float acc[M][kRows];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[m][r] = 0.f;
+  }
+  const int stride = blockDim.x;
+  for (int c0 = threadIdx.x; c0 < chunks; c0 += kUnroll * stride) {
+    // every load first (a tail chunk past the row re-reads the row's last, unused)...
+    uint32_t w[kUnroll][kRows][W];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = min(c0 + u * stride, chunks - 1);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) load_chunk<T, kVector, true>(rows[r] + c * E, w[u][r]);
+    }
+    // ...then the products, each weight chunk against every input row
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * stride;
+      if (c >= chunks) break;
+      float wf[kRows][E];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) widen<T, kVector>(w[u][r], wf[r]);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        uint32_t xw[W];
+        load_chunk<T, kVector, false>(x + m * p.ldi + c * E, xw);
+        float xf[E];
+        widen<T, kVector>(xw, xf);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+          for (int e = 0; e < E; ++e) acc[m][r] = fmaf(xf[e], wf[r][e], acc[m][r]);
+        }
+      }
+    }
+  }
+
+  // the warp's sums (value i = m * kRows + r), then the block's
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float a[P];
+#pragma unroll
+  for (int i = 0; i < P; ++i) a[i] = i < V ? acc[i / kRows][i % kRows] : 0.f;
+  if constexpr (P > 1) halve<P, 16>(a, lane);
+  float v = a[0];
+  constexpr int kSpan = 32 / P;  // lanes that hold each value's total
+#pragma unroll
+  for (int o = kSpan / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __shared__ float partial[kMaxThreads / 32][32];
+  if (lane % kSpan == 0) partial[warp][lane / kSpan] = v;
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < V) {
+    const int n = n0 + t % kRows;
+    if (n < p.n) {
+      float sum = 0.f;
+      for (int i = 0; i < stride / 32; ++i) sum += partial[i][t];
+      if (p.bias != nullptr) {
+        float b;
+        const uint32_t bits = load_bits(static_cast<const T*>(p.bias) + n);
+        widen<T, false>(&bits, &b);
+        sum += b;
+      }
+      static_cast<T*>(p.out)[(t / kRows) * p.ldo + n] = static_cast<T>(sum);
+    }
+  }
+}
+
+// The tensor-core path (bf16/fp16, 16-byte aligned): out^T [N, M] = weight [N, K] x input^T
+// [K, M] as mma.m16n8k16 tiles, the weights as the 16-row A operand and up to 8 input rows as
+// the 8 columns of B. Thread (g = lane / 4, t = lane % 4) of a warp loads, per k-step of 32,
+// chunk 4 * step + t (8 elements, 16 bytes) of weight rows g and g + 8 and of input row g; since
+// a dot product does not care in which order its k are summed, the chunk's elements 0..3 fill
+// the thread's k slots of one mma and 4..7 those of a second, the same slots in A and B. The
+// FMA kernel above spends 8 M fp32 FMAs per 16 weight bytes, which at M >= 3 can no longer keep
+// up with HBM; here two mma per KB leave the warps nothing to do but load.
+constexpr int kMmaRows = 16;   // weight rows per block (the mma's M dimension)
+constexpr int kMmaWarps = 8;   // split K among them, reduced in shared memory
+constexpr int kMmaUnroll = 8;  // k-steps per thread in flight (8 x 32 weight bytes)
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                          uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// grid: ceil(N / 16) blocks; block b owns rows 16 b .. 16 b + 16, its warps contiguous
+// 1/kMmaWarps shares of K; M (1..8) input rows.
+template <typename T>
+__global__ void __launch_bounds__(kMmaWarps * 32) linear_small_mma_kernel(const Params p, int m) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * kMmaRows;
+  const T* w = static_cast<const T*>(p.weight);
+  const T* w_lo = w + static_cast<int64_t>(min(n0 + g, p.n - 1)) * p.k;
+  const T* w_hi = w + static_cast<int64_t>(min(n0 + g + 8, p.n - 1)) * p.k;
+  const T* x = static_cast<const T*>(p.input) + min(g, m - 1) * p.ldi;
+  const int chunks = p.k / 8, steps = (chunks + 3) / 4;
+  const int s_begin = steps * warp / kMmaWarps, s_end = steps * (warp + 1) / kMmaWarps;
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int s0 = s_begin; s0 < s_end; s0 += kMmaUnroll) {
+    uint4 lo[kMmaUnroll], hi[kMmaUnroll];
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {  // past the share: the row's last chunk, unused
+      const int c = min((s0 + u) * 4 + t, chunks - 1);
+      lo[u] = load_stream16(w_lo + c * 8);
+      hi[u] = load_stream16(w_hi + c * 8);
+    }
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      if (s0 + u >= s_end) break;  // the same for the whole warp
+      const int c = (s0 + u) * 4 + t;
+      uint4 xv = make_uint4(0, 0, 0, 0);
+      if (c < chunks) {
+        if (g < m) xv = __ldg(reinterpret_cast<const uint4*>(x + c * 8));
+      } else {  // a last step that ends past K: nothing from this thread's lanes
+        lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
+      }
+      mma_16816<T>(d, lo[u].x, hi[u].x, lo[u].y, hi[u].y, xv.x, xv.y);
+      mma_16816<T>(d, lo[u].z, hi[u].z, lo[u].w, hi[u].w, xv.z, xv.w);
+    }
+  }
+  // d: (row g, input rows 2t, 2t + 1) and (row g + 8, the same); then the sum over warps
+  __shared__ float partial[kMmaWarps][kMmaRows][8];
+  partial[warp][g][2 * t] = d[0];
+  partial[warp][g][2 * t + 1] = d[1];
+  partial[warp][g + 8][2 * t] = d[2];
+  partial[warp][g + 8][2 * t + 1] = d[3];
+  __syncthreads();
+  const int i = threadIdx.x, r = i % kMmaRows, row = i / kMmaRows, n = n0 + r;
+  if (row < m && n < p.n) {
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kMmaWarps; ++j) sum += partial[j][r][row];
+    if (p.bias != nullptr) {
+      float b;
+      const uint32_t bits = load_bits(static_cast<const T*>(p.bias) + n);
+      widen<T, false>(&bits, &b);
+      sum += b;
+    }
+    static_cast<T*>(p.out)[row * p.ldo + n] = static_cast<T>(sum);
+  }
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// Launches the kernel for M = rows (1..M).
+template <typename T, int M>
+void launch_rows(const Params& p, int rows, bool vec, int threads, cudaStream_t stream) {
+  if constexpr (M > 1) {
+    if (rows < M) return launch_rows<T, M - 1>(p, rows, vec, threads, stream);
+  }
+  const dim3 grid((p.n + kRows - 1) / kRows);
+  auto kernel = vec ? linear_small_kernel<T, M, true> : linear_small_kernel<T, M, false>;
+  kernel<<<grid, threads, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void launch(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, const T* bias,
+            cudaStream_t stream) {
+  constexpr int E = 16 / sizeof(T);
+  const int64_t m_dim = input.size(0), ldi = input.stride(0), ldo = out.stride(0);
+  const int k = static_cast<int>(weight.size(1));
+  const bool vec = k % E == 0 && (m_dim == 1 || ldi % E == 0) && aligned16(input.data_ptr()) &&
+                   aligned16(weight.data_ptr());
+  // enough threads for kUnroll chunks each across a row, a power of two from 32 to kMaxThreads
+  const int per_thread = kUnroll * (vec ? E : 1);
+  int threads = 32;
+  while (threads < kMaxThreads && threads * per_thread < k) threads *= 2;
+  Params p{nullptr, nullptr, weight.data_ptr(), bias, ldo, ldi,
+           static_cast<int>(weight.size(0)), k};
+  static const int mma_min = [] {
+    const char* e = std::getenv("VLLM_GEMV_MMA_MIN_ROWS");  // TEMPORARY (benchmark)
+    return e != nullptr ? std::atoi(e) : 3;
+  }();
+  for (int64_t m0 = 0; m0 < m_dim; m0 += kMaxM) {
+    p.out = out.data_ptr<T>() + m0 * ldo;
+    p.input = input.data_ptr<T>() + m0 * ldi;
+    const int rows = static_cast<int>(std::min<int64_t>(kMaxM, m_dim - m0));
+    if constexpr (sizeof(T) == 2) {
+      if (vec && rows >= mma_min) {
+        const dim3 grid((p.n + kMmaRows - 1) / kMmaRows);
+        linear_small_mma_kernel<T><<<grid, kMmaWarps * 32, 0, stream>>>(p, rows);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        continue;
+      }
+    }
+    launch_rows<T, kMaxM>(p, rows, vec, threads, stream);
+  }
+}
+
+}  // namespace
+
+void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                  const std::optional<at::Tensor>& bias) {
+  const at::Tensor* b = bias.has_value() && bias->defined() ? &*bias : nullptr;
+  vllm::check_linear_small_args(out, input, weight, b);
+  TORCH_CHECK(weight.size(0) < (int64_t{1} << 31) && weight.size(1) < (int64_t{1} << 31),
+              "linear_small: weight ", weight.sizes(), " is too large");
+  if (out.numel() == 0) return;
+  const c10::cuda::OptionalCUDAGuard guard(device_of(input));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  VLLM_CUDA_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "linear_small", [&] {
+    launch<scalar_t>(out, input, weight, b != nullptr ? b->data_ptr<scalar_t>() : nullptr,
+                     stream);
+  });
+}
+
+}  // namespace vllm_cuda
