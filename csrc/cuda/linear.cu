@@ -1,25 +1,26 @@
 // linear_small on CUDA: out[M, N] = input[M, K] @ weight[N, K]^T (+ bias) for few rows (a decode
 // step: M of 1 to 8 per launch; more rows take one launch per 8). Like cuBLAS's GEMV this costs
-// the weight bytes, so the kernel is shaped to stream them at the HBM read rate:
-//  - a block owns kRows = 4 adjacent weight rows (one 4 x K slab of contiguous memory) and all
-//    its threads sweep K together: each thread reads 16-byte chunks (8 bf16/fp16, 4 fp32) of
-//    every row, a warp covers 512 contiguous bytes of a row per load, and kUnroll = 2 chunks per
-//    row are loaded before any is used: 8 x 16 = 128 bytes in flight per thread, tens of KB per
-//    SM with the 2+ blocks that fit (the latency x bandwidth product is ~30 KB per SM on an H200).
-//    Splitting K over the whole block (not a warp per row) keeps every SM busy for N as small as
-//    4096 (1024 blocks of 256 threads) without a split-K pass;
-//  - each weight chunk is used for all M input rows while in registers (M x kRows fp32
-//    accumulators, M a template argument), and each input chunk for all kRows weight rows: the
-//    input is read once per block through L1 (__ldg; M x K elements, at most 8 x 28672 x 2 bytes,
-//    re-read by every block so it stays cached), the weights bypass L1 (ld.global.nc with
-//    L1::no_allocate) so their stream does not evict it;
-//  - bf16 is widened to fp32 by a shift (no conversion instruction), fp16 by __half22float2;
-//  - the block's partial sums are reduced by a halving warp exchange (each step a lane keeps half
-//    its values and trades the other half with its partner: 31 shuffles for 32 values instead of
-//    160) and then over the warps in shared memory; the bias is added in fp32 and the sum cast
-//    to T once, as torch's GEMM epilogue does.
+// the weight bytes, so both kernels are shaped to stream them at the HBM read rate: every weight
+// byte is read once (16-byte loads that bypass L1, ld.global.nc.L1::no_allocate, so the stream
+// does not evict the input, which every block re-reads through L1), a block reads 4 KB of each
+// of its rows at a time, and each thread has 128-256 bytes of weights in flight (the latency x
+// bandwidth product is ~30 KB per SM on an H200). Sums are fp32; the bias is added in fp32 and
+// the result cast to T once, as torch's GEMM epilogue does.
+//  - The FMA kernel (1-2 rows of bf16/fp16, fp32, and any misaligned case): a block owns 4
+//    adjacent weight rows and all its threads sweep K together, each loading 2 chunks of 16
+//    bytes of every row before using them; each weight chunk is used for all M input rows while
+//    in registers (M x 4 accumulators, M a template argument). bf16 widens to fp32 by a shift.
+//    Splitting K over the block (not a warp per row) keeps every SM busy for N as small as 4096
+//    (1024 blocks). The block's sums are reduced by a halving warp exchange (31 shuffles for 32
+//    values instead of 160), then over warps in shared memory. Measured on the H200 (bf16, 7B
+//    shapes, weights past L2): 3.4-4.3 TB/s at M = 1 against cuBLAS's 2.5-4.0; the 7B step's
+//    GEMMs (13.2 GB) 3.28 ms against 3.79 at M = 1, 3.36 against 3.77 at M = 2. But it spends
+//    8 M FMAs per 16 weight bytes, and at M >= 3 the arithmetic no longer keeps up (M = 4:
+//    4.01 ms, M = 8: 5.66, cuBLAS 3.8).
+//  - The tensor-core kernel (3-8 rows of bf16/fp16, 16-byte aligned) makes that arithmetic
+//    free: see linear_small_mma_kernel.
 // A weight or input that is not 16-byte aligned, K not a multiple of the chunk, or an input row
-// stride that is not takes the same kernel with one-element loads (correct, not fast).
+// stride that is not takes the FMA kernel with one-element loads (correct, not fast).
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -27,7 +28,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -38,10 +38,11 @@
 namespace vllm_cuda {
 namespace {
 
-constexpr int kRows = 4;        // weight rows (output features) per block
-constexpr int kUnroll = 2;      // chunks per row each thread loads before using them
+constexpr int kMaxM = 8;  // input rows per launch
+// the FMA kernel's
+constexpr int kRows = 4;    // weight rows (output features) per block
+constexpr int kUnroll = 2;  // chunks per row each thread loads before using them
 constexpr int kMaxThreads = 256;
-constexpr int kMaxM = 8;        // input rows per launch (accumulators in registers)
 
 struct Params {
   void* out;           // [M, N], row stride ldo
@@ -125,7 +126,8 @@ __device__ __forceinline__ void halve(float* a, int lane) {
 
 constexpr int pow2_at_least(int v) { return v <= 1 ? 1 : 2 * pow2_at_least((v + 1) / 2); }
 
-// grid: ceil(N / kRows) blocks; block b owns rows b * kRows .. + kRows of weight and out.
+// The FMA kernel. grid: ceil(N / kRows) blocks; block b owns rows b * kRows .. + kRows of weight
+// and out.
 template <typename T, int M, bool kVector>
 __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params p) {
   constexpr int E = kVector ? 16 / sizeof(T) : 1;  // elements per chunk
@@ -212,17 +214,20 @@ __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params 
   }
 }
 
-// The tensor-core path (bf16/fp16, 16-byte aligned): out^T [N, M] = weight [N, K] x input^T
-// [K, M] as mma.m16n8k16 tiles, the weights as the 16-row A operand and up to 8 input rows as
-// the 8 columns of B. Thread (g = lane / 4, t = lane % 4) of a warp loads, per k-step of 32,
-// chunk 4 * step + t (8 elements, 16 bytes) of weight rows g and g + 8 and of input row g; since
-// a dot product does not care in which order its k are summed, the chunk's elements 0..3 fill
-// the thread's k slots of one mma and 4..7 those of a second, the same slots in A and B. The
-// FMA kernel above spends 8 M fp32 FMAs per 16 weight bytes, which at M >= 3 can no longer keep
-// up with HBM; here two mma per KB leave the warps nothing to do but load.
-constexpr int kMmaRows = 16;   // weight rows per block (the mma's M dimension)
-constexpr int kMmaWarps = 8;   // split K among them, reduced in shared memory
-constexpr int kMmaUnroll = 8;  // k-steps per thread in flight (8 x 32 weight bytes)
+// The tensor-core kernel: out^T [N, M] = weight [N, K] x input^T [K, M] as mma.m16n8k16 tiles,
+// the weights the 16-row A operand and up to 8 input rows the 8 columns of B. Thread (g = lane /
+// 4, t = lane % 4) of a warp loads, per k-step of 32, chunk 4 * step + t (8 elements, 16 bytes)
+// of weight rows g and g + 8 and of input row g; a dot product does not care in which order its
+// k are summed, so the chunk's elements 0..3 fill the thread's k slots of one mma and 4..7 those
+// of a second, the same slots in A and B, and no shuffle or shared-memory staging is needed. Two
+// mma per KB of weights leave the warps nothing to do but load. The k-steps are dealt to the
+// warps in turns of kMmaUnroll, so that a block reads 4 KB of each of its 16 rows at a time: a
+// first version that gave each warp a contiguous eighth of K (16 rows x 8 spans of 512 bytes
+// at a time per block) ran at 2.1-2.7 TB/s for every M, whatever the shape.
+constexpr int kMmaRows = 16;    // weight rows per block (the mma's M dimension)
+constexpr int kMmaWarps = 8;    // split K among them, reduced in shared memory
+constexpr int kMmaUnroll = 8;   // k-steps per thread in flight (8 x 32 weight bytes)
+constexpr int kMmaMinRows = 3;  // fewer rows: the FMA kernel (measured faster at 1 and 2)
 
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -240,8 +245,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
   }
 }
 
-// grid: ceil(N / 16) blocks; block b owns rows 16 b .. 16 b + 16, its warps contiguous
-// 1/kMmaWarps shares of K; M (1..8) input rows.
+// grid: ceil(N / 16) blocks; block b owns rows 16 b .. 16 b + 16; m (1..8) input rows.
 template <typename T>
 __global__ void __launch_bounds__(kMmaWarps * 32) linear_small_mma_kernel(const Params p, int m) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -252,9 +256,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) linear_small_mma_kernel(const 
   const T* w_hi = w + static_cast<int64_t>(min(n0 + g + 8, p.n - 1)) * p.k;
   const T* x = static_cast<const T*>(p.input) + min(g, m - 1) * p.ldi;
   const int chunks = p.k / 8, steps = (chunks + 3) / 4;
-  const int s_begin = steps * warp / kMmaWarps, s_end = steps * (warp + 1) / kMmaWarps;
   float d[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int s0 = s_begin; s0 < s_end; s0 += kMmaUnroll) {
+  // block pass i reads k-steps (i * kMmaWarps + warp) * kMmaUnroll + u: 4 KB of each row
+  for (int s0 = warp * kMmaUnroll; s0 < steps; s0 += kMmaWarps * kMmaUnroll) {
     uint4 lo[kMmaUnroll], hi[kMmaUnroll];
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {  // past the share: the row's last chunk, unused
@@ -264,7 +268,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) linear_small_mma_kernel(const 
     }
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {
-      if (s0 + u >= s_end) break;  // the same for the whole warp
+      if (s0 + u >= steps) break;  // the same for the whole warp
       const int c = (s0 + u) * 4 + t;
       uint4 xv = make_uint4(0, 0, 0, 0);
       if (c < chunks) {
@@ -300,7 +304,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) linear_small_mma_kernel(const 
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// Launches the kernel for M = rows (1..M).
+// Launches the FMA kernel for M = rows (1..M).
 template <typename T, int M>
 void launch_rows(const Params& p, int rows, bool vec, int threads, cudaStream_t stream) {
   if constexpr (M > 1) {
@@ -326,16 +330,12 @@ void launch(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, 
   while (threads < kMaxThreads && threads * per_thread < k) threads *= 2;
   Params p{nullptr, nullptr, weight.data_ptr(), bias, ldo, ldi,
            static_cast<int>(weight.size(0)), k};
-  static const int mma_min = [] {
-    const char* e = std::getenv("VLLM_GEMV_MMA_MIN_ROWS");  // TEMPORARY (benchmark)
-    return e != nullptr ? std::atoi(e) : 3;
-  }();
   for (int64_t m0 = 0; m0 < m_dim; m0 += kMaxM) {
     p.out = out.data_ptr<T>() + m0 * ldo;
     p.input = input.data_ptr<T>() + m0 * ldi;
     const int rows = static_cast<int>(std::min<int64_t>(kMaxM, m_dim - m0));
     if constexpr (sizeof(T) == 2) {
-      if (vec && rows >= mma_min) {
+      if (vec && rows >= kMmaMinRows) {
         const dim3 grid((p.n + kMmaRows - 1) / kMmaRows);
         linear_small_mma_kernel<T><<<grid, kMmaWarps * 32, 0, stream>>>(p, rows);
         C10_CUDA_KERNEL_LAUNCH_CHECK();

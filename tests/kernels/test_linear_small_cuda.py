@@ -173,11 +173,11 @@ def spy(monkeypatch):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
-@pytest.mark.parametrize("switch", ["on", "off"])
+@pytest.mark.parametrize("switch", ["on", "off", "2"])
 def test_layers_route_few_cuda_rows(device, switch, monkeypatch):
-    """With VLLM_CUDA_GEMV on, a CUDA step of at most 8 rows runs linear_small in every linear
-    layer and the LM head (logits fp32, computed in the weights' dtype), and more rows, CPU
-    tensors or the switch off run F.linear; the results agree either way."""
+    """With VLLM_CUDA_GEMV on (or 2), a CUDA step of at most 8 (2) rows runs linear_small in
+    every linear layer and the LM head (logits fp32, computed in the weights' dtype), and more
+    rows, CPU tensors or the switch off run F.linear; the results agree either way."""
     monkeypatch.setenv("VLLM_CUDA_GEMV", switch)
     calls = spy(monkeypatch)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -185,7 +185,7 @@ def test_layers_route_few_cuda_rows(device, switch, monkeypatch):
     col = ColumnParallelLinear(64, [48, 48], bias=True).to(device, dtype)
     row = RowParallelLinear(96, 64, bias=True).to(device, dtype)
     head = ParallelLMHead(100, 64).to(device, dtype)
-    for rows in (1, 8, 9):
+    for rows in (1, 2, 3, 8, 9):
         x = torch.randn(rows, 64, device=device).to(dtype)
         calls.clear()
         with torch.inference_mode():
@@ -194,7 +194,7 @@ def test_layers_route_few_cuda_rows(device, switch, monkeypatch):
             logits = head.compute_logits(y)
             refs = (reference(x, col.weight, col.bias), reference(h, row.weight, row.bias),
                     F.linear(y, head.weight).float())
-        taken = device == "cuda" and switch == "on" and rows <= 8
+        taken = device == "cuda" and rows <= {"on": 8, "off": 0, "2": 2}[switch]
         assert calls == ([rows] * 3 if taken else []), (rows, calls)
         assert logits.dtype == torch.float32 and logits.shape == (rows, 100)
         assert_close("layers h", h, refs[0], dtype)
@@ -206,12 +206,14 @@ def test_switch_parses(monkeypatch):
     from vllm import envs
 
     monkeypatch.delenv("VLLM_CUDA_GEMV", raising=False)
-    assert envs.VLLM_CUDA_GEMV is False
-    monkeypatch.setenv("VLLM_CUDA_GEMV", "on")
-    assert envs.VLLM_CUDA_GEMV is True
-    monkeypatch.setenv("VLLM_CUDA_GEMV", "maybe")
-    with pytest.raises(ValueError, match="VLLM_CUDA_GEMV"):
-        envs.VLLM_CUDA_GEMV
+    assert envs.VLLM_CUDA_GEMV == 2  # the default: the row counts measured faster than cuBLAS
+    for raw, rows in (("on", 8), ("true", 8), ("off", 0), ("0", 0), ("1", 1), ("4", 4)):
+        monkeypatch.setenv("VLLM_CUDA_GEMV", raw)
+        assert envs.VLLM_CUDA_GEMV == rows
+    for raw in ("maybe", "9"):
+        monkeypatch.setenv("VLLM_CUDA_GEMV", raw)
+        with pytest.raises(ValueError, match="VLLM_CUDA_GEMV"):
+            envs.VLLM_CUDA_GEMV
 
 
 def test_gemv_never_applies_to_cpu_or_autograd(monkeypatch):

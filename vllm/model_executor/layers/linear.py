@@ -3,9 +3,9 @@ output features (fused QKV by heads, fused gate/up by each part's share) and nee
 communication; a row-parallel layer holds a share of the input features and sums the partial
 products over ranks (the one all-reduce of an attention or MLP block). With one rank each is
 exactly nn.Linear. Each layer's weight_loader takes a full checkpoint tensor (or one part of a
-fused layer) and copies in this rank's slice. On CUDA, a step of at most GEMV_MAX_ROWS rows can
-take vllm._C's linear_small (a GEMV streaming each weight byte once for all rows) instead of
-torch's GEMM: VLLM_CUDA_GEMV=on."""
+fused layer) and copies in this rank's slice. On CUDA, a step of few rows can take vllm._C's
+linear_small (a GEMV streaming each weight byte once for all rows) instead of torch's GEMM:
+VLLM_CUDA_GEMV=on (up to GEMV_MAX_ROWS rows) or a smaller row limit."""
 from typing import Optional, Sequence
 
 import torch
@@ -22,12 +22,12 @@ GEMV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def cuda_gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True when x [rows, in] @ weight^T runs as linear_small: a CUDA step of at most
-    GEMV_MAX_ROWS rows, one dtype, unit-stride rows, a contiguous weight, no autograd, and
-    VLLM_CUDA_GEMV on (read per call; inside a CUDA graph the capture's choice stays)."""
+    VLLM_CUDA_GEMV rows (read per call; inside a CUDA graph the capture's choice stays; on:
+    GEMV_MAX_ROWS), one dtype, unit-stride rows, a contiguous weight and no autograd."""
     return (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS
             and x.dtype == weight.dtype and x.dtype in GEMV_DTYPES and x.stride(-1) == 1
             and weight.is_contiguous() and not (torch.is_grad_enabled() and weight.requires_grad)
-            and envs.VLLM_CUDA_GEMV and ops.has_kernel("linear_small", "cuda"))
+            and x.shape[0] <= envs.VLLM_CUDA_GEMV and ops.has_kernel("linear_small", "cuda"))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
