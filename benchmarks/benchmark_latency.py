@@ -57,6 +57,8 @@ def decode_floor_ms(llm: LLM, args, bandwidth_gbps: float) -> float:
 def summarize(latencies: list[float], prefill: list[float], args) -> dict:
     avg = float(np.mean(latencies))
     decode_ms = (np.median(latencies) - np.median(prefill)) / max(args.output_len - 1, 1) * 1e3
+    if decode_ms <= 0:  # the prefill-only runs took as long as the full ones: noise, no figure
+        decode_ms = float("nan")
     return {"avg_latency": avg, "latencies": latencies,
             "percentiles": {str(p): float(np.percentile(latencies, p)) for p in PERCENTILES},
             "tokens_per_s": args.batch_size * args.n * args.output_len / float(
@@ -119,6 +121,10 @@ def print_report(result: dict) -> None:
             r = result[name]
             print(f"{name:<18}{r['tokens_per_s']:>10.1f}{r['decode_step_ms']:>11.2f}"
                   f"{floor:>10.2f}{100 * floor / r['decode_step_ms']:>8.0f}%")
+    if any(np.isnan(result[n]["decode_step_ms"]) for n in ("engine", "hf_transformers")
+           if n in result):
+        print("(nan: the prefill-only runs took as long as the full runs, so no decode time "
+              "can be told apart in this run)")
     print(f"(floor: weights + mean KV bytes over {result['copy_bandwidth_gbps']:.0f} GB/s "
           f"measured on {result['device']} in this run; decode ms = per output token)")
     print(f"engine, ms per step (warm-up and timed runs): {phases_line(eng['engine_steps'])}"

@@ -1,8 +1,11 @@
 """Each benchmark runs end to end on a tiny model (one iteration) and writes its JSON."""
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +38,17 @@ def test_benchmark_latency(tmp_path, tiny_llama):
         assert result[key] == result["engine"][key]
     from benchmarks.timing import source_fingerprint
     assert result["provenance"]["source_sha256"] == source_fingerprint()  # the code that ran
+
+
+def test_latency_decode_ms_is_nan_when_noise_hides_it():
+    """decode ms = (full run - prefill-only run) / (tokens - 1); a prefill-only run as slow as
+    the full one gives no figure (nan), not a negative one."""
+    from types import SimpleNamespace
+
+    from benchmarks.benchmark_latency import summarize
+    args = SimpleNamespace(batch_size=2, n=1, output_len=11)
+    assert summarize([1.0, 1.2], [0.1, 0.1], args)["decode_step_ms"] == pytest.approx(100.0)
+    assert math.isnan(summarize([1.0, 1.0], [1.1, 1.3], args)["decode_step_ms"])
 
 
 def test_benchmark_spec_decode(tmp_path, tiny_llama):
