@@ -8,7 +8,8 @@
 #   (goodput: a never-accepted CPU draft vs plain at GOODPUT_BATCHES, per GOODPUT_MODES (the
 #   drafter spinning or not, its cores); profile: the target step by kernel at PROFILE_SHAPES x
 #   PROFILE_BATCHES, each VLLM_CUDA_GEMV value in PROFILE_GEMV, benchmarks/profile_step.py;
-#   gemv: benchmarks/benchmark_gemv_cuda.py at GEMV_ROWS; draft: DRAFT_THREADS, DRAFT_PATHS)
+#   gemv: benchmarks/benchmark_gemv_cuda.py at GEMV_ROWS; draft: DRAFT_THREADS, DRAFT_PATHS,
+#   DRAFT_PROFILE=1 for an op profile of each shape's batch-8 step at all cores)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too, PAIR_SHAPE=llama-2-13b for another target shape;
 #   serve: the pair served plain and with its CPU draft, engine core in its own process and on
@@ -27,7 +28,9 @@
 #       PAIR_ADAPTIVE=1 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput SERVE_K=4;
 #     bash scripts/gpu_check.sh pair /tmp/o; PAIR_SHAPE=llama-2-13b bash scripts/gpu_check.sh pair /tmp/o13;
 #     GOODPUT_BATCHES=1 GOODPUT_MODES="plain spec-spinauto plain spec-spinauto" \
-#       bash scripts/gpu_check.sh goodput /tmp/o; echo ALLDONE' > /tmp/o.log 2>&1 & fi
+#       bash scripts/gpu_check.sh goodput /tmp/o;
+#     DRAFT_THREADS=8,16 DRAFT_PATHS=fused DRAFT_PROFILE=1 bash scripts/gpu_check.sh draft /tmp/o;
+#     echo ALLDONE' > /tmp/o.log 2>&1 & fi
 #   (each stage takes, on the H200: build ~100 s, goodput ~5 min for 3 batches x 4 modes, pair
 #   ~3 min, serve ~3 min for two configs, draft ~1 min at 3 thread counts, profile ~1.5 min for
 #   7B + 13B + 34B at 3 shapes, -m cuda tests ~100 s; the machine's start costs 1.5-3 min of
@@ -176,6 +179,12 @@ if want draft; then
     > "$OUT_DIR/draft_forward.log" 2>&1 || status=1
   grep "thr  batch" "$OUT_DIR/draft_forward.log" | tail -60
   grep -A12 "== summary" "$OUT_DIR/draft_forward.log"
+  if [ -n "${DRAFT_PROFILE:-}" ]; then  # where a batch-8 step goes at all cores, by op
+    "$PY" benchmarks/benchmark_draft.py --model /tmp/draft-20m,/tmp/llama-68m,/tmp/smollm2-135m \
+      --load-format dummy --dtypes bfloat16 --threads "$(nproc)" --batch-sizes 8 --paths fused \
+      --num-forwards 24 --profile > "$OUT_DIR/draft_profile.log" 2>&1 || status=1
+    grep -B2 -A16 "Self CPU %" "$OUT_DIR/draft_profile.log" | grep -v "^--$" | cut -c1-110
+  fi
 fi
 if want pair; then
   echo "== trained pair: a real acceptance rate at the Llama-2-7B shape (benchmarks/trained_pair.py)"
