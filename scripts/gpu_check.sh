@@ -136,6 +136,8 @@ if want spec; then
   for bs in 1 8; do
     for mode in plain spec; do
       flags=""; [ $mode = spec ] && flags="$SPEC"
+      json="$OUT_DIR/goodput_never_${mode}_b$bs.json" rep=2  # a mode listed twice: _rep2, ...
+      while [ -e "$json" ]; do json="$OUT_DIR/goodput_never_${mode}_b${bs}_rep$rep.json"; rep=$((rep + 1)); done
       echo "-- batch $bs, $mode"
       "$PY" benchmarks/benchmark_latency.py --model /tmp/llama-2-7b $DUMMY $flags \
         --batch-size $bs --input-len 128 --output-len 128 --num-iters 3 --temperature 0 \
@@ -242,12 +244,14 @@ if want goodput; then
           spec-cpushalf) flags="$flags --speculative-draft-cpus $(( $(nproc) / 2 ))-$(( $(nproc) - 1 ))" ;;
         esac
       fi
+      json="$OUT_DIR/goodput_never_${mode}_b$bs.json" rep=2  # a mode listed twice: _rep2, ...
+      while [ -e "$json" ]; do json="$OUT_DIR/goodput_never_${mode}_b${bs}_rep$rep.json"; rep=$((rep + 1)); done
       echo "-- batch $bs, $mode"
       VLLM_DRAFTER_SPIN=$spin "$PY" benchmarks/benchmark_latency.py \
         --model /tmp/llama-2-7b --load-format dummy \
         --dtype bfloat16 --max-model-len 1024 $flags --batch-size $bs --input-len 128 \
         --output-len 128 --num-iters 3 --temperature 0 --max-num-seqs 32 \
-        --output-json "$OUT_DIR/goodput_never_${mode}_b$bs.json" 2>&1 | grep -v "it/s\]" | tail -4
+        --output-json "$json" 2>&1 | grep -v "it/s\]" | tail -4
     done
   done
 fi
