@@ -204,7 +204,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
         return x.argmax(dim=-1)
     if x.dtype == torch.bfloat16:  # numpy has no bf16; the fp32 copy is exact
         x = x.float()
-    return torch.from_numpy(np.ascontiguousarray(x.numpy()).argmax(axis=-1).astype(np.int64))
+    return torch.from_numpy(x.numpy().argmax(axis=-1).astype(np.int64, copy=False))
 
 
 _NUMPY_ARGMAX_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)

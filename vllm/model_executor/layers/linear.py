@@ -6,6 +6,7 @@ exactly nn.Linear. Each layer's weight_loader takes a full checkpoint tensor (or
 fused layer) and copies in this rank's slice. On CUDA, a step of few rows can take vllm._C's
 linear_small (a GEMV streaming each weight byte once for all rows) instead of torch's GEMM:
 VLLM_CUDA_GEMV=on (up to GEMV_MAX_ROWS rows) or a smaller row limit."""
+import functools
 from typing import Optional, Sequence
 
 import torch
@@ -23,11 +24,19 @@ GEMV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def cuda_gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True when x [rows, in] @ weight^T runs as linear_small: a CUDA step of at most
     VLLM_CUDA_GEMV rows (read per call; inside a CUDA graph the capture's choice stays; on:
-    GEMV_MAX_ROWS), one dtype, unit-stride rows, a contiguous weight and no autograd."""
-    return (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS
+    GEMV_MAX_ROWS), one dtype, unit-stride rows, a contiguous weight and no autograd. The
+    switch is read first: off (the default) costs every linear call one lookup."""
+    limit = envs.VLLM_CUDA_GEMV
+    return (limit > 0 and x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= limit
             and x.dtype == weight.dtype and x.dtype in GEMV_DTYPES and x.stride(-1) == 1
             and weight.is_contiguous() and not (torch.is_grad_enabled() and weight.requires_grad)
-            and x.shape[0] <= envs.VLLM_CUDA_GEMV and ops.has_kernel("linear_small", "cuda"))
+            and _has_cuda_gemv())
+
+
+@functools.cache
+def _has_cuda_gemv() -> bool:
+    """Whether vllm._C was built with the CUDA linear_small (fixed once it is loaded)."""
+    return ops.has_kernel("linear_small", "cuda")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
