@@ -36,11 +36,11 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_CPU_DECODE_PATH": (str.lower, "fused",
                              "CPU steps of at most 32 rows: fused (one decode_layers call per "
                              "step) or native (one op per layer piece, the reference)"),
-    "VLLM_CUDA_GEMV": (_gemv_rows, 0,
+    "VLLM_CUDA_GEMV": (_gemv_rows, 2,
                        "CUDA linear layers and logits of few rows use vllm._C's linear_small "
                        "GEMV instead of torch's GEMM: off, on (steps of up to 8 rows) or the "
-                       "most rows, 1 to 8 (2: the row counts it measured faster than cuBLAS on "
-                       "the H200; off by default until the CUDA suite has passed with it on)"),
+                       "most rows, 1 to 8 (default 2: the row counts it measured faster than "
+                       "cuBLAS on the H200; 3-8 rows run at about cuBLAS's speed)"),
     "VLLM_MODEL_CACHE": (str, "", "where fetched GGUF models are cached; default "
                          "~/.cache/vllm-hetero/models"),
     "VLLM_LOGGING_LEVEL": (str.upper, "INFO", "log level of the vllm logger"),

@@ -18,7 +18,7 @@
 //    8 M FMAs per 16 weight bytes, and at M >= 3 the arithmetic no longer keeps up (M = 4:
 //    4.01 ms, M = 8: 5.66, cuBLAS 3.8).
 //  - The tensor-core kernel (3-8 rows of bf16/fp16, 16-byte aligned) makes that arithmetic
-//    free: see linear_small_mma_kernel.
+//    free, but streams at cuBLAS's rate, not the FMA kernel's: see linear_small_mma_kernel.
 // A weight or input that is not 16-byte aligned, K not a multiple of the chunk, or an input row
 // stride that is not takes the FMA kernel with one-element loads (correct, not fast).
 #include <c10/cuda/CUDAException.h>
@@ -219,14 +219,15 @@ __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params 
 // 4, t = lane % 4) of a warp loads, per k-step of 32, chunk 4 * step + t (8 elements, 16 bytes)
 // of weight rows g and g + 8 and of input row g; a dot product does not care in which order its
 // k are summed, so the chunk's elements 0..3 fill the thread's k slots of one mma and 4..7 those
-// of a second, the same slots in A and B, and no shuffle or shared-memory staging is needed. Two
-// mma per KB of weights leave the warps nothing to do but load. The k-steps are dealt to the
-// warps in turns of kMmaUnroll, so that a block reads 4 KB of each of its 16 rows at a time: a
-// first version that gave each warp a contiguous eighth of K (16 rows x 8 spans of 512 bytes
-// at a time per block) ran at 2.1-2.7 TB/s for every M, whatever the shape.
+// of a second, the same slots in A and B, and no shuffle or shared-memory staging is needed. The
+// k-steps are dealt to the block's warps in turn, a step at a time, two accumulators per thread.
+// Measured over a 7B step's weights on the H200 (the variants in benchmarks/lab/): the more
+// warps share a block's 16 rows and the fewer steps each has in flight, the faster: 8 warps x 8
+// steps 4.4-5.3 ms, 8 x 4 4.1-4.8, 16 x 2 3.8-4.2, 16 x 1 3.78-3.92 against cuBLAS's 3.75-3.86
+// (M = 1..8); staging the weights through shared memory did no better. So this kernel matches
+// cuBLAS at 3-8 rows but does not reach the FMA kernel's one-row rate.
 constexpr int kMmaRows = 16;    // weight rows per block (the mma's M dimension)
-constexpr int kMmaWarps = 8;    // split K among them, reduced in shared memory
-constexpr int kMmaUnroll = 8;   // k-steps per thread in flight (8 x 32 weight bytes)
+constexpr int kMmaWarps = 16;   // split K among them, reduced in shared memory
 constexpr int kMmaMinRows = 3;  // fewer rows: the FMA kernel (measured faster at 1 and 2)
 
 template <typename T>
@@ -256,30 +257,20 @@ __global__ void __launch_bounds__(kMmaWarps * 32) linear_small_mma_kernel(const 
   const T* w_hi = w + static_cast<int64_t>(min(n0 + g + 8, p.n - 1)) * p.k;
   const T* x = static_cast<const T*>(p.input) + min(g, m - 1) * p.ldi;
   const int chunks = p.k / 8, steps = (chunks + 3) / 4;
-  float d[4] = {0.f, 0.f, 0.f, 0.f};
-  // block pass i reads k-steps (i * kMmaWarps + warp) * kMmaUnroll + u: 4 KB of each row
-  for (int s0 = warp * kMmaUnroll; s0 < steps; s0 += kMmaWarps * kMmaUnroll) {
-    uint4 lo[kMmaUnroll], hi[kMmaUnroll];
-#pragma unroll
-    for (int u = 0; u < kMmaUnroll; ++u) {  // past the share: the row's last chunk, unused
-      const int c = min((s0 + u) * 4 + t, chunks - 1);
-      lo[u] = load_stream16(w_lo + c * 8);
-      hi[u] = load_stream16(w_hi + c * 8);
+  float d[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int s = warp; s < steps; s += kMmaWarps) {
+    const int c = s * 4 + t;
+    uint4 lo = make_uint4(0, 0, 0, 0), hi = lo, xv = lo;
+    if (c < chunks) {  // a last step that ends past K: nothing from this thread's lanes
+      lo = load_stream16(w_lo + c * 8);
+      hi = load_stream16(w_hi + c * 8);
+      if (g < m) xv = __ldg(reinterpret_cast<const uint4*>(x + c * 8));
     }
-#pragma unroll
-    for (int u = 0; u < kMmaUnroll; ++u) {
-      if (s0 + u >= steps) break;  // the same for the whole warp
-      const int c = (s0 + u) * 4 + t;
-      uint4 xv = make_uint4(0, 0, 0, 0);
-      if (c < chunks) {
-        if (g < m) xv = __ldg(reinterpret_cast<const uint4*>(x + c * 8));
-      } else {  // a last step that ends past K: nothing from this thread's lanes
-        lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
-      }
-      mma_16816<T>(d, lo[u].x, hi[u].x, lo[u].y, hi[u].y, xv.x, xv.y);
-      mma_16816<T>(d, lo[u].z, hi[u].z, lo[u].w, hi[u].w, xv.z, xv.w);
-    }
+    mma_16816<T>(d, lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+    mma_16816<T>(e, lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
   }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) d[i] += e[i];
   // d: (row g, input rows 2t, 2t + 1) and (row g + 8, the same); then the sum over warps
   __shared__ float partial[kMmaWarps][kMmaRows][8];
   partial[warp][g][2 * t] = d[0];

@@ -5,7 +5,7 @@ products over ranks (the one all-reduce of an attention or MLP block). With one 
 exactly nn.Linear. Each layer's weight_loader takes a full checkpoint tensor (or one part of a
 fused layer) and copies in this rank's slice. On CUDA, a step of few rows can take vllm._C's
 linear_small (a GEMV streaming each weight byte once for all rows) instead of torch's GEMM:
-VLLM_CUDA_GEMV=on (up to GEMV_MAX_ROWS rows) or a smaller row limit."""
+up to VLLM_CUDA_GEMV rows (default 2; on: GEMV_MAX_ROWS; off: never)."""
 import functools
 from typing import Optional, Sequence
 
@@ -25,7 +25,7 @@ def cuda_gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True when x [rows, in] @ weight^T runs as linear_small: a CUDA step of at most
     VLLM_CUDA_GEMV rows (read per call; inside a CUDA graph the capture's choice stays; on:
     GEMV_MAX_ROWS), one dtype, unit-stride rows, a contiguous weight and no autograd. The
-    switch is read first: off (the default) costs every linear call one lookup."""
+    switch and the device are read first: a CPU or larger step costs two lookups."""
     limit = envs.VLLM_CUDA_GEMV
     return (limit > 0 and x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= limit
             and x.dtype == weight.dtype and x.dtype in GEMV_DTYPES and x.stride(-1) == 1
