@@ -201,7 +201,9 @@ def main(args) -> dict:
                    engine_steps=per_step_ms(timer_before, engine.step_timer.as_dict()))
         if engine.spec.controller is not None:
             row["controller"] = dict(engine.spec.controller.as_dict(),
-                                     k_histogram=list(engine.spec.controller.k_histogram))
+                                     k_histogram=list(engine.spec.controller.k_histogram),
+                                     by_k={k: t.as_dict() for k, t in
+                                           enumerate(engine.spec.controller.by_k) if t.steps})
         rows.append(row)
     engine.spec.controller = None
     prompt_tokens = sum(len(o.prompt_token_ids) for o in plain) / len(plain)
@@ -248,6 +250,11 @@ def print_report(result: dict) -> None:
             print(f"{r['proposer']:<18}{r['k']:>3}  {phases_line(e)}{busy}" + (
                       f"; k chosen {r['controller']['k_histogram']}" if "controller" in r
                       else ""))
+            for k, t in r.get("controller", {}).get("by_k", {}).items():
+                print(f"{'':<18}k={k}: {t['steps']} decode steps ({t['measured']} measured the "
+                      f"draft), propose {t['propose_ms']:.2f} ms (drafter {t['drafter_ms']:.2f}, "
+                      f"first forward {t['first_forward_ms']:.2f}), step {t['step_ms']:.2f} ms, "
+                      f"catch-up {t['catch_up_tokens']:.1f} tokens")
     print(f"floors: target step {f['target_step_floor_ms']:.2f} ms on {f['device']} "
           f"({f['device_bandwidth_gbps']:.0f} GB/s measured); plain step measured "
           f"{result['rows'][0]['step_ms']:.2f} ms")

@@ -348,6 +348,16 @@ def test_a_one_draft_proposal_does_not_price_the_later_forwards():
                              first if k else None)
         assert ctrl.t_draft.estimate(1) == pytest.approx(later)
     assert ctrl.k_histogram[1] > 0  # the poor request did take one-draft steps
+    # the per-k tally of the steps' costs (the benchmark's diagnosis of a controller's run)
+    assert sum(t.steps for t in ctrl.by_k) == 300
+    for k, t in enumerate(ctrl.by_k):
+        assert t.steps == ctrl.k_histogram[k]
+        if k and t.steps:
+            row = t.as_dict()
+            assert row["drafter_ms"] == pytest.approx(1e3 * (first + (k - 1) * later))
+            assert row["first_forward_ms"] == pytest.approx(1e3 * first)
+            assert row["propose_ms"] == pytest.approx(row["drafter_ms"] + 1e3 * messages)
+            assert row["step_ms"] == pytest.approx(row["propose_ms"] + 1e3 * gpu_like(k + 1))
     # a one-draft proposal alone (nothing measured yet) stands in for a forward
     fresh = GoodputController(max_k=4)
     fresh.record_step(Decision(1), 1, 2, first + messages, 6e-3, True, first, first)

@@ -162,6 +162,29 @@ def later_forward_seconds(k: int, seconds: float,
 
 
 @dataclass
+class StepTally:
+    """What the steps of one k cost, summed (StepTally per k: GoodputController.by_k): the
+    engine's wait for proposals, the drafter's own timing of them and of their first forwards,
+    the whole steps, and the tokens the draft had to catch up on."""
+    steps: int = 0
+    measured: int = 0  # steps whose proposal measured the draft (the drafter was caught up)
+    propose_s: float = 0.0
+    step_s: float = 0.0
+    timed: int = 0  # steps with the drafter's timing
+    drafter_s: float = 0.0
+    first_forward_s: float = 0.0
+    catch_up_tokens: int = 0
+
+    def as_dict(self) -> dict:
+        n, t = max(self.steps, 1), max(self.timed, 1)
+        return {"steps": self.steps, "measured": self.measured,
+                "propose_ms": 1e3 * self.propose_s / n, "step_ms": 1e3 * self.step_s / n,
+                "drafter_ms": 1e3 * self.drafter_s / t,
+                "first_forward_ms": 1e3 * self.first_forward_s / t,
+                "catch_up_tokens": self.catch_up_tokens / n}
+
+
+@dataclass
 class Decision:
     k: int  # drafts per decoding request this step (0: plain decoding)
     draft_ahead: bool = False
@@ -207,6 +230,7 @@ class GoodputController:
         self._changes = 0
         self.num_probes = 0
         self.k_histogram = [0] * (max_k + 1)
+        self.by_k = [StepTally() for _ in range(max_k + 1)]  # decode steps' costs per k
         # batched overlap may be chosen (the draft runs in its own process, beside the target)
         self.can_split = False
         self.num_split_steps = 0
@@ -389,6 +413,16 @@ class GoodputController:
         but the last one or two), so draft_s is k forwards, not a catch-up on a prompt or on a
         run of plain steps. drafter_s, first_forward_s: the drafter's own timing of the
         proposal and of its first forward, where it reports them."""
+        tally = self.by_k[decision.k]
+        tally.steps += 1
+        tally.measured += bool(draft_measured)
+        tally.propose_s += draft_s
+        tally.step_s += step_s
+        tally.catch_up_tokens += self.catch_up_tokens
+        if drafter_s is not None:
+            tally.timed += 1
+            tally.drafter_s += drafter_s
+            tally.first_forward_s += first_forward_s or 0.0
         if decision.probe:
             plain = self.t_verify.estimate(num_decoding)
             if plain is not None:
