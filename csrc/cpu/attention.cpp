@@ -35,12 +35,95 @@ struct AttentionTask {
     return cache + ((block * num_kv_heads + kv_head) * block_size + pos % block_size) * HEAD_SIZE;
   }
 
+  // Row r's scores (its first first_visible + r / group) -> exp(s - max), unnormalised;
+  // inv_sum[r] = 1 / their sum.
+  static void softmax_rows(float* scores, int64_t rows, int64_t max_visible, int64_t first_visible,
+                           int64_t group, float* inv_sum) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* s = scores + r * max_visible;
+      const int64_t n = first_visible + r / group;
+      float max_score = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < n; ++j) max_score = std::max(max_score, s[j]);
+      fVec sum(0.f);
+      const fVec m(max_score);
+      for_each_vec(n, [&](int64_t j, int w) {
+        fVec e = (load_any(s + j, w) - m).exp();
+        if (w < kVecSize) e = fVec::set(fVec(0.f), e, w);
+        store_any(s + j, e, w);
+        sum = sum + e;
+      });
+      inv_sum[r] = 1.f / at::vec::vec_reduce_all<float>(
+                             [](const fVec& a, const fVec& b) { return a + b; }, sum);
+    }
+  }
+
+  // A task of R <= kRegRows rows (a decode step's GQA group, or a short verification with
+  // one KV head per query head): the scaled queries and the weighted sums stay in registers
+  // over all keys, instead of being reloaded (and the sums stored back) for every key.
+  template <int R>
+  void run_rows(const Task& task, int64_t q_start, int64_t q_len, int64_t context_len,
+                std::vector<float>& scores) const {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t first_visible = context_len - q_len + task.q_begin + 1;
+    const int64_t max_visible = first_visible + (task.q_end - task.q_begin) - 1;
+    fVec q[R][kVecs];
+    for (int r = 0; r < R; ++r) {
+      const T* src = query + ((q_start + task.q_begin + r / group) * num_heads +
+                              task.kv_head * group + r % group) * HEAD_SIZE;
+      for (int v = 0; v < kVecs; ++v) q[r][v] = load_float(src + v * kVecSize) * fVec(scale);
+    }
+    scores.resize(R * max_visible);
+    for (int64_t j = 0; j < max_visible; ++j) {
+      const T* k = cache_row(key_cache, task.kv_head, j);
+      fVec kv[kVecs];
+      for (int v = 0; v < kVecs; ++v) kv[v] = load_float(k + v * kVecSize);
+      const int64_t first_row = j < first_visible ? 0 : (j - first_visible + 1) * group;
+      for (int r = 0; r < R; ++r) {
+        if (r < first_row) continue;
+        fVec dot = q[r][0] * kv[0];
+        for (int v = 1; v < kVecs; ++v) dot = at::vec::fmadd(q[r][v], kv[v], dot);
+        scores[r * max_visible + j] = at::vec::vec_reduce_all<float>(
+            [](const fVec& a, const fVec& b) { return a + b; }, dot);
+      }
+    }
+    float inv_sum[R];
+    softmax_rows(scores.data(), R, max_visible, first_visible, group, inv_sum);
+    fVec acc[R][kVecs];
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = fVec(0.f);
+    }
+    for (int64_t j = 0; j < max_visible; ++j) {
+      const T* v_row = cache_row(value_cache, task.kv_head, j);
+      fVec vv[kVecs];
+      for (int v = 0; v < kVecs; ++v) vv[v] = load_float(v_row + v * kVecSize);
+      const int64_t first_row = j < first_visible ? 0 : (j - first_visible + 1) * group;
+      for (int r = 0; r < R; ++r) {
+        if (r < first_row) continue;
+        const fVec p(scores[r * max_visible + j]);
+        for (int v = 0; v < kVecs; ++v) acc[r][v] = at::vec::fmadd(p, vv[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      T* o = out + ((q_start + task.q_begin + r / group) * num_heads + task.kv_head * group +
+                    r % group) * HEAD_SIZE;
+      const fVec inv(inv_sum[r]);
+      for (int v = 0; v < kVecs; ++v) store_float(o + v * kVecSize, acc[r][v] * inv);
+    }
+  }
+
   // Rows r = (token i, group member g) -> head kv_head * group + g; row r of a token sees keys
   // [0, visible(i)) where visible(i) = context_len - q_len + i + 1 (causal among the new tokens).
   void run(const Task& task, int64_t q_start, int64_t q_len, int64_t context_len,
            std::vector<float>& q_rows, std::vector<float>& scores, std::vector<float>& acc) const {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t num_tok = task.q_end - task.q_begin, rows = num_tok * group;
+    switch (kVecs <= 8 ? rows : 0) {  // register-held rows while they fit (head size <= 128)
+      case 1: return run_rows<1>(task, q_start, q_len, context_len, scores);
+      case 2: return run_rows<2>(task, q_start, q_len, context_len, scores);
+      case 3: return run_rows<3>(task, q_start, q_len, context_len, scores);
+      case 4: return run_rows<4>(task, q_start, q_len, context_len, scores);
+      default: break;
+    }
     const int64_t first_visible = context_len - q_len + task.q_begin + 1;
     const int64_t max_visible = first_visible + num_tok - 1;
     q_rows.resize(rows * HEAD_SIZE);  // scaled queries in fp32
@@ -70,22 +153,7 @@ struct AttentionTask {
     }
     // softmax over each row's visible prefix; acc keeps the unnormalised weighted sum.
     std::vector<float> inv_sum(rows);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* s = scores.data() + r * max_visible;
-      const int64_t n = first_visible + r / group;
-      float max_score = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n; ++j) max_score = std::max(max_score, s[j]);
-      fVec sum(0.f);
-      const fVec m(max_score);
-      for_each_vec(n, [&](int64_t j, int w) {
-        fVec e = (load_any(s + j, w) - m).exp();
-        if (w < kVecSize) e = fVec::set(fVec(0.f), e, w);
-        store_any(s + j, e, w);
-        sum = sum + e;
-      });
-      inv_sum[r] = 1.f / at::vec::vec_reduce_all<float>(
-                             [](const fVec& a, const fVec& b) { return a + b; }, sum);
-    }
+    softmax_rows(scores.data(), rows, max_visible, first_visible, group, inv_sum.data());
     // acc[r] += p[r, j] * v_j; each V row is loaded once.
     for (int64_t j = 0; j < max_visible; ++j) {
       const T* v_row = cache_row(value_cache, task.kv_head, j);

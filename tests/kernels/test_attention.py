@@ -65,6 +65,17 @@ def test_paged_attention_verify(device, head_size, block_size, k):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_size", [32, 64, 80, 128])
+@pytest.mark.parametrize("group,q_len", [(1, 1), (2, 1), (3, 1), (4, 1), (1, 2), (1, 3),
+                                         (1, 4), (2, 2), (5, 1)])
+def test_paged_attention_few_rows_per_kv_head(device, head_size, group, q_len):
+    """Tasks of 1-4 query rows per KV head (a GQA group's decode, a short causal verification
+    with one KV head per query head: the CPU's register-held rows) and one past them."""
+    context_lens = [q_len, 19, 64, 300, 33]
+    run_and_compare(context_lens, [q_len] * 5, 3 * group, 3, head_size, 16, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_paged_attention_mixed_prefill_and_decode(device):
     """Variable q_len per sequence, including a whole-prompt prefill and an empty sequence."""
     run_and_compare([50, 7, 200, 90, 3], [50, 1, 9, 0, 3], 8, 2, 64, 16, device)
