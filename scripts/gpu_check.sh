@@ -20,17 +20,16 @@
 # partial results after each call. Stages run in this file's order within one invocation, so
 # invoke them one by one in the order wanted, e.g.:
 #   if [ -e /tmp/started ]; then echo already; else touch /tmp/started; setsid nohup bash -c '
-#     VLLM_CUDA_GEMV=2 PYTEST_ARGS="-m cuda" bash scripts/gpu_check.sh test /tmp/o;
-#     export VLLM_SKIP_BUILD=1; bash scripts/gpu_check.sh gemv /tmp/o;
-#     PROFILE_SHAPES="llama-2-7b llama-2-13b" PROFILE_BATCHES=1x1,1x2,1x5 \
-#       PROFILE_GEMV="off 2 on" bash scripts/gpu_check.sh profile /tmp/o;
+#     PYTEST_ARGS="-m cuda" bash scripts/gpu_check.sh test /tmp/o;
+#     export VLLM_SKIP_BUILD=1;
 #     export PAIR_TARGET_S=70 PAIR_DRAFT_S=45 PAIR_PROPOSERS=draft,draft-gpu PAIR_HF= \
 #       PAIR_ADAPTIVE=1 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput SERVE_K=4;
 #     bash scripts/gpu_check.sh pair /tmp/o; PAIR_SHAPE=llama-2-13b bash scripts/gpu_check.sh pair /tmp/o13;
 #     GOODPUT_BATCHES=1 GOODPUT_MODES="plain spec-spinauto plain spec-spinauto" \
 #       bash scripts/gpu_check.sh goodput /tmp/o;
-#     DRAFT_THREADS=8,16 DRAFT_PATHS=fused DRAFT_PROFILE=1 bash scripts/gpu_check.sh draft /tmp/o;
+#     DRAFT_THREADS=8,16 DRAFT_PATHS=fused bash scripts/gpu_check.sh draft /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
+#   (the pair's controller rows print their decode steps' costs per k: where its proposing goes)
 #   (each stage takes, on the H200: build ~100 s, goodput ~5 min for 3 batches x 4 modes, pair
 #   ~3 min, serve ~3 min for two configs, draft ~1 min at 3 thread counts, profile ~1.5 min for
 #   7B + 13B + 34B at 3 shapes, -m cuda tests ~100 s; the machine's start costs 1.5-3 min of
