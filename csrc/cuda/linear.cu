@@ -224,8 +224,10 @@ __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params 
 // Measured over a 7B step's weights on the H200 (the variants in benchmarks/lab/): the more
 // warps share a block's 16 rows and the fewer steps each has in flight, the faster: 8 warps x 8
 // steps 4.4-5.3 ms, 8 x 4 4.1-4.8, 16 x 2 3.8-4.2, 16 x 1 3.78-3.92 against cuBLAS's 3.75-3.86
-// (M = 1..8); staging the weights through shared memory did no better. So this kernel matches
-// cuBLAS at 3-8 rows but does not reach the FMA kernel's one-row rate.
+// (M = 1..8). So this kernel matches cuBLAS at 3-8 rows but does not reach the FMA kernel's
+// one-row rate. (The lab's k_tr, which reads 512 contiguous bytes of a row per warp load, as
+// the FMA kernel does, and takes the fragments from shared memory, was 1-6% faster than cuBLAS
+// there, 3.61-3.85 ms; not adopted yet.)
 constexpr int kMmaRows = 16;    // weight rows per block (the mma's M dimension)
 constexpr int kMmaWarps = 16;   // split K among them, reduced in shared memory
 constexpr int kMmaMinRows = 3;  // fewer rows: the FMA kernel (measured faster at 1 and 2)
