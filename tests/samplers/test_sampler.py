@@ -52,7 +52,7 @@ def test_all_greedy_draws_nothing(monkeypatch):
         raise AssertionError("an all-greedy batch must not sample")
 
     monkeypatch.setattr(Sampler, "sample_from_probs", staticmethod(boom))
-    monkeypatch.setattr(Sampler, "_probs_from_penalised", staticmethod(boom))
+    monkeypatch.setattr(Sampler, "probs_from_penalised", staticmethod(boom))
     Sampler().sample(torch.randn(3, 20), build([SamplingParams(temperature=0.0)] * 3, 20))
 
 

@@ -226,7 +226,7 @@ class Sampler(nn.Module):
         if batch.all_greedy:
             sampled = argmax_rows(penalised)
         else:
-            probs = Sampler._probs_from_penalised(penalised, batch)
+            probs = Sampler.probs_from_penalised(penalised, batch)
             sampled = Sampler.sample_from_probs(probs, batch)
             random_bad = nonfinite_prob_rows(probs)
             if not batch.all_random:
@@ -270,7 +270,7 @@ class Sampler(nn.Module):
     def compute_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """Penalties, temperature, then min_p, top_k and top_p filtering, then softmax:
         probs [num_seqs, vocab_size] (greedy rows get temperature 1 and no filter)."""
-        return Sampler._probs_from_penalised(Sampler.apply_penalties(logits, batch), batch)
+        return Sampler.probs_from_penalised(Sampler.apply_penalties(logits, batch), batch)
 
     @staticmethod
     def sample_from_probs(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -289,7 +289,9 @@ class Sampler(nn.Module):
         return probs.div(noise).argmax(dim=-1)
 
     @staticmethod
-    def _probs_from_penalised(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    def probs_from_penalised(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """compute_probs after apply_penalties: for a caller that also needs the penalised
+        logits themselves (the draft's greedy rows beside its sampled ones)."""
         logits = logits / batch.temperature[:, None]
         probs = logits.softmax(dim=-1)  # [num_seqs, vocab_size]
         if batch.min_p is None and batch.top_k is None and batch.top_p is None:

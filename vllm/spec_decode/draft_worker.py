@@ -293,9 +293,10 @@ class DraftModelProposer(Proposer):
             self.config.device)
         if all(r.sampling_params.is_greedy for r in reqs):
             return argmax_rows(Sampler.apply_penalties(logits, batch)).tolist(), [None] * len(reqs)
-        probs = Sampler.compute_probs(logits, batch)
+        penalised = Sampler.apply_penalties(logits, batch)  # once, for the draws and the argmax
+        probs = Sampler.probs_from_penalised(penalised, batch)
         tokens = Sampler.sample_from_probs(probs, batch).tolist()
-        greedy = argmax_rows(Sampler.apply_penalties(logits, batch)).tolist()
+        greedy = argmax_rows(penalised).tolist()
         out_tokens, out_probs = [], []
         for i, r in enumerate(reqs):
             if r.sampling_params.is_greedy:
