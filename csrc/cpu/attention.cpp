@@ -30,6 +30,13 @@ struct AttentionTask {
   int64_t num_heads, num_kv_heads, block_size;
   float scale;
 
+  // Element offset of row r = (token r / group, group member r % group) of a task's query and
+  // output: head kv_head * group + r % group of token q_start + q_begin + r / group.
+  int64_t row_offset(const Task& task, int64_t q_start, int64_t group, int64_t r) const {
+    return ((q_start + task.q_begin + r / group) * num_heads + task.kv_head * group + r % group) *
+           HEAD_SIZE;
+  }
+
   const T* cache_row(const T* cache, int64_t kv_head, int64_t pos) const {
     const int64_t block = block_table[pos / block_size];
     return cache + ((block * num_kv_heads + kv_head) * block_size + pos % block_size) * HEAD_SIZE;
@@ -68,8 +75,7 @@ struct AttentionTask {
     const int64_t max_visible = first_visible + (task.q_end - task.q_begin) - 1;
     fVec q[R][kVecs];
     for (int r = 0; r < R; ++r) {
-      const T* src = query + ((q_start + task.q_begin + r / group) * num_heads +
-                              task.kv_head * group + r % group) * HEAD_SIZE;
+      const T* src = query + row_offset(task, q_start, group, r);
       for (int v = 0; v < kVecs; ++v) q[r][v] = load_float(src + v * kVecSize) * fVec(scale);
     }
     scores.resize(R * max_visible);
@@ -104,8 +110,7 @@ struct AttentionTask {
       }
     }
     for (int r = 0; r < R; ++r) {
-      T* o = out + ((q_start + task.q_begin + r / group) * num_heads + task.kv_head * group +
-                    r % group) * HEAD_SIZE;
+      T* o = out + row_offset(task, q_start, group, r);
       const fVec inv(inv_sum[r]);
       for (int v = 0; v < kVecs; ++v) store_float(o + v * kVecSize, acc[r][v] * inv);
     }
@@ -129,13 +134,10 @@ struct AttentionTask {
     q_rows.resize(rows * HEAD_SIZE);  // scaled queries in fp32
     scores.resize(rows * max_visible);
     acc.assign(rows * HEAD_SIZE, 0.f);
-    for (int64_t i = 0; i < num_tok; ++i) {
-      for (int64_t g = 0; g < group; ++g) {
-        const T* q = query + ((q_start + task.q_begin + i) * num_heads + task.kv_head * group + g) *
-                                 HEAD_SIZE;
-        float* dst = q_rows.data() + (i * group + g) * HEAD_SIZE;
-        for (int v = 0; v < kVecs; ++v) (load_float(q + v * kVecSize) * fVec(scale)).store(dst + v * kVecSize);
-      }
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* q = query + row_offset(task, q_start, group, r);
+      float* dst = q_rows.data() + r * HEAD_SIZE;
+      for (int v = 0; v < kVecs; ++v) (load_float(q + v * kVecSize) * fVec(scale)).store(dst + v * kVecSize);
     }
     // scores[r, j] = q_r . k_j for every visible j; each K row is loaded once.
     for (int64_t j = 0; j < max_visible; ++j) {
@@ -169,8 +171,7 @@ struct AttentionTask {
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = r / group, g = r % group;
-      T* o = out + ((q_start + task.q_begin + i) * num_heads + task.kv_head * group + g) * HEAD_SIZE;
+      T* o = out + row_offset(task, q_start, group, r);
       const fVec inv(inv_sum[r]);
       for (int v = 0; v < kVecs; ++v) {
         store_float(o + v * kVecSize, fVec::loadu(acc.data() + r * HEAD_SIZE + v * kVecSize) * inv);

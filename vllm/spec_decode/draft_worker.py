@@ -291,9 +291,9 @@ class DraftModelProposer(Proposer):
             [self.seqs[r.req_id].token_ids[r.num_prompt_tokens:] for r in reqs],
             [self.generators.get(r.req_id) for r in reqs], self.runner.vocab_size,
             self.config.device)
-        if all(r.sampling_params.is_greedy for r in reqs):
-            return argmax_rows(Sampler.apply_penalties(logits, batch)).tolist(), [None] * len(reqs)
         penalised = Sampler.apply_penalties(logits, batch)  # once, for the draws and the argmax
+        if all(r.sampling_params.is_greedy for r in reqs):
+            return argmax_rows(penalised).tolist(), [None] * len(reqs)
         probs = Sampler.probs_from_penalised(penalised, batch)
         tokens = Sampler.sample_from_probs(probs, batch).tolist()
         greedy = argmax_rows(penalised).tolist()

@@ -441,20 +441,27 @@ class GoodputController:
     def _record_proposal(self, num_requests: int, k: int, wait_s: float,
                          drafter_s: Optional[float], first_forward_s: Optional[float]) -> None:
         """A proposal of k drafts the engine waited wait_s for: its later forwards as the
-        drafter timed them (a one-draft proposal's first forward stands for one), the rest of
-        the wait as t_first; without the drafter's timing, k equal forwards."""
+        drafter timed them (a one-draft proposal has none), the rest of the wait as t_first;
+        without the drafter's timing, k equal forwards."""
         self._changes += 1
         if drafter_s is None or first_forward_s is None:
             self.t_draft.record(num_requests, wait_s / k)
             return
-        later = later_forward_seconds(k, drafter_s, first_forward_s)
-        if later is None:  # one draft: the whole wait is t_first's
-            later = 0.0
-            if self.t_draft.estimate(num_requests) is None:  # a stand-in until a k > 1
-                self.t_draft.record(num_requests, first_forward_s)
-        else:
-            self.t_draft.record(num_requests, later)
+        later = self._record_later_forward(num_requests, k, drafter_s, first_forward_s)
         self.t_first.record(num_requests, max(wait_s - (k - 1) * later, 0.0))
+
+    def _record_later_forward(self, num_requests: int, k: int, seconds: float,
+                              first_forward_s: Optional[float]) -> float:
+        """Records one later draft forward of a proposal the drafter timed at seconds, and
+        returns it; a one-draft proposal has none (0 is returned) and its forward stands in
+        only while nothing is measured."""
+        later = later_forward_seconds(k, seconds, first_forward_s)
+        if later is not None:
+            self.t_draft.record(num_requests, later)
+            return later
+        if self.t_draft.estimate(num_requests) is None:
+            self.t_draft.record(num_requests, first_forward_s)
+        return 0.0
 
     def record_draft(self, num_requests: int, k: int, seconds: float,
                      first_forward_s: Optional[float] = None) -> None:
@@ -462,9 +469,7 @@ class GoodputController:
         first forward first_forward_s), as it measured it: a split step's drafting overlaps the
         verification, so the engine's wait does not show it."""
         self._changes += 1
-        later = later_forward_seconds(k, seconds, first_forward_s)
-        if later is not None or self.t_draft.estimate(num_requests) is None:
-            self.t_draft.record(num_requests, later if later is not None else first_forward_s)
+        self._record_later_forward(num_requests, k, seconds, first_forward_s)
 
     def record_verdict(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
         """A verification of req_id's num_drafts drafts accepted num_accepted of them."""
