@@ -29,7 +29,7 @@ from benchmarks.timing import copy_bandwidth_gbps, provenance, write_json  # noq
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.engine.step_timer import per_step_ms, phases_line  # noqa: E402
-from vllm.spec_decode.goodput import GoodputController  # noqa: E402
+from vllm.spec_decode.goodput import TRACE_FIELDS, GoodputController  # noqa: E402
 from vllm.spec_decode.metrics import SpecDecodeMetrics  # noqa: E402
 from vllm.spec_decode.ngram_proposer import NgramProposer  # noqa: E402
 
@@ -181,12 +181,18 @@ def main(args) -> dict:
     runs = [(name, proposer, ahead, k) for name, proposer, ahead in
             variants(proposers, engine.config.device.type) for k in ks]
     if args.adaptive:  # then each proposer once more, the goodput controller choosing k
-        runs += [(name + "+goodput", proposer, False, max(ks)) for name, proposer, _ in
+        goodput = [(name + "+goodput", proposer, False, max(ks)) for name, proposer, _ in
+                   variants(proposers, engine.config.device.type) if not name.endswith("ahead")]
+        # --adaptive-first: also before the fixed rows (does the order change its figures?)
+        runs = ([(n + " (first)", p, a, k) for n, p, a, k in goodput] * args.adaptive_first
+                + runs + goodput)
+    if args.control_k:  # the same fixed k again last: did the machine change over the run?
+        runs += [(name + " (again)", proposer, False, args.control_k) for name, proposer, _ in
                  variants(proposers, engine.config.device.type) if not name.endswith("ahead")]
     for name, proposer, ahead, k in tqdm(runs, desc="proposer x k", disable=len(runs) < 2):
         engine.proposer, engine.draft_ahead = proposer, ahead
         engine.spec_config.num_speculative_tokens = k
-        engine.spec.controller = GoodputController(k) if name.endswith("+goodput") else None
+        engine.spec.controller = GoodputController(k) if "+goodput" in name else None
         # this k's verification graphs are captured here, not in the timed run
         llm.generate(prompts[:1], SamplingParams(max_tokens=2 * k + 2, ignore_eos=True),
                      use_tqdm=False)
@@ -203,7 +209,9 @@ def main(args) -> dict:
             row["controller"] = dict(engine.spec.controller.as_dict(),
                                      k_histogram=list(engine.spec.controller.k_histogram),
                                      by_k={k: t.as_dict() for k, t in
-                                           enumerate(engine.spec.controller.by_k) if t.steps})
+                                           enumerate(engine.spec.controller.by_k) if t.steps},
+                                     trace=[dict(zip(TRACE_FIELDS, t))
+                                            for t in engine.spec.controller.trace])
         rows.append(row)
     engine.spec.controller = None
     prompt_tokens = sum(len(o.prompt_token_ids) for o in plain) / len(plain)
@@ -250,6 +258,8 @@ def print_report(result: dict) -> None:
             print(f"{r['proposer']:<18}{r['k']:>3}  {phases_line(e)}{busy}" + (
                       f"; k chosen {r['controller']['k_histogram']}" if "controller" in r
                       else ""))
+            for line in trace_lines(r.get("controller", {}).get("trace", [])):
+                print(f"{'':<18}{line}")
             for k, t in r.get("controller", {}).get("by_k", {}).items():
                 print(f"{'':<18}k={k}: {t['steps']} decode steps ({t['measured']} measured the "
                       f"draft), propose {t['propose_ms']:.2f} ms (drafter {t['drafter_ms']:.2f}, "
@@ -265,6 +275,34 @@ def print_report(result: dict) -> None:
         print(f"HF transformers {r['mode']:<26}{r['tokens_per_s']:>8.1f} tok/s ({r['num_prompts']} "
               f"prompts, batch 1; {100 * r['agreement_with_engine']:.0f}% of tokens equal the "
               f"engine's)")
+
+
+def trace_lines(trace: list[dict], parts: int = 4) -> list[str]:
+    """The controller's decode steps in `parts` runs of equal length: the k it chose, what a
+    proposal cost (the engine's wait, the drafter's first forward and each later one, as the
+    drafter timed them) and the model's draft-forward and fixed-cost estimates at the run's end."""
+    out = []
+    n = len(trace)
+    for p in range(parts if n >= parts else 0):
+        part = trace[p * n // parts:(p + 1) * n // parts]
+        spec = [t for t in part if t["k"] > 0]
+        timed = [t for t in spec if t["drafter_s"] is not None and t["measured"]]
+        later = [(t["drafter_s"] - t["first_forward_s"]) / (t["k"] - 1) for t in timed
+                 if t["k"] > 1 and t["first_forward_s"] is not None]
+        first = [t["first_forward_s"] for t in timed if t["first_forward_s"] is not None]
+
+        def ms(xs):
+            return f"{1e3 * sum(xs) / len(xs):.2f}" if xs else "-"
+
+        def est(key):
+            v = part[-1][key]
+            return f"{1e3 * v:.2f}" if v is not None else "-"
+        out.append(f"steps {p * n // parts}-{(p + 1) * n // parts}: mean k "
+                   f"{sum(t['k'] for t in part) / len(part):.1f}, propose "
+                   f"{ms([t['propose_s'] for t in spec])} ms, first forward {ms(first)}, later "
+                   f"forward {ms(later)} ({len(later)} measured); estimates at its end: draft "
+                   f"forward {est('t_draft_s')}, fixed {est('t_first_s')}")
+    return out
 
 
 def chat_ids(args, prompts: list[str]) -> list[list[int]]:
@@ -296,6 +334,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--adaptive", action="store_true",
                         help="also a row per proposer with the goodput controller choosing k "
                              "(up to the largest of --ks) each step")
+    parser.add_argument("--adaptive-first", action="store_true",
+                        help="with --adaptive: the goodput rows also before the fixed-k rows")
+    parser.add_argument("--control-k", type=int, default=0,
+                        help="after the other rows, each proposer once more at this fixed k: "
+                             "a control for drift over the run")
     parser.add_argument("--hf-k", type=int, default=4, help="assistant tokens per step for HF")
     parser.add_argument("--hf-num-prompts", type=int, default=4)
     parser.add_argument("--output-json", default=None)

@@ -11,7 +11,8 @@
 #   gemv: benchmarks/benchmark_gemv_cuda.py at GEMV_ROWS; draft: DRAFT_THREADS, DRAFT_PATHS,
 #   DRAFT_PROFILE=1 for an op profile of each shape's batch-8 step at all cores)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
-#   PAIR_SERVE=1 to serve the pair too, PAIR_SHAPE=llama-2-13b for another target shape;
+#   PAIR_SERVE=1 to serve the pair too, PAIR_CONTROL_K=k a fixed-k row again after the rest,
+#   PAIR_ADAPTIVE_FIRST=1 the controller's rows also before the fixed ones, PAIR_SHAPE=llama-2-13b for another target shape;
 #   serve: the pair served plain and with its CPU draft, engine core in its own process and on
 #   the server's thread, at SERVE_CLIENTS clients: benchmarks/serve_sweep.py)
 #   (serve: SERVE_LAYOUTS mp,inproc, SERVE_CONFIGS plain,draft,split,goodput, SERVE_K, SERVE_ADAPTIVE)
@@ -198,10 +199,11 @@ if want pair; then
   "$PY" benchmarks/benchmark_spec_decode.py --model /tmp/pair7b/target \
     --speculative-model /tmp/pair7b/draft --cpu-draft-worker --dtype bfloat16 \
     --proposers "${PAIR_PROPOSERS:-draft,draft-gpu,ngram}" --ks "${PAIR_KS:-1,2,3,4,6,8}" ${PAIR_ADAPTIVE:+--adaptive} \
+    ${PAIR_CONTROL_K:+--control-k $PAIR_CONTROL_K} ${PAIR_ADAPTIVE_FIRST:+--adaptive-first} \
     --num-prompts 6 --batch-size 1 --max-tokens 128 --max-model-len 2048 \
     --gpu-memory-utilization 0.6 ${PAIR_HF---hf-baseline --hf-num-prompts 2} \
     --output-json "$OUT_DIR/spec_pair7b.json" > "$OUT_DIR/spec_pair7b.log" 2>&1 || status=1
-  tail -28 "$OUT_DIR/spec_pair7b.log"
+  tail -40 "$OUT_DIR/spec_pair7b.log"
   if [ -n "${PAIR_SERVE:-}" ]; then
     echo "== vllm serve: the trained 7B-shape target on the GPU, its draft on the CPU"
     timeout 200 "$PY" scripts/serve_spec_check.py -- /tmp/pair7b/target --dtype bfloat16 \

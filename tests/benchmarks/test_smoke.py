@@ -76,11 +76,16 @@ def test_benchmark_spec_decode_ngram_only(tmp_path, tiny_llama):
     out = tmp_path / "s.json"
     run("benchmark_spec_decode.py", "--model", tiny_llama, "--speculative-model", "[ngram]",
         "--device", "cpu", "--dtype", "float32", "--ks", "2", "--num-prompts", "2",
-        "--max-tokens", "8", "--adaptive", "--output-json", str(out))
+        "--max-tokens", "8", "--adaptive", "--control-k", "1", "--output-json", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [(r["proposer"], r["k"]) for r in rows] == [("none", 0), ("ngram", 2),
-                                                       ("ngram+goodput", 2)]
-    assert rows[1]["identical_to_plain"] and rows[2]["identical_to_plain"]
+                                                       ("ngram+goodput", 2),
+                                                       ("ngram (again)", 1)]
+    assert all(r["identical_to_plain"] for r in rows[1:])
+    # its trace holds one entry per decode step it tallied, k as chosen
+    trace = rows[2]["controller"]["trace"]
+    assert len(trace) == sum(t["steps"] for t in rows[2]["controller"]["by_k"].values())
+    assert all(0 <= t["k"] <= 2 and t["step_s"] > 0 for t in trace)
     # the controller's row tallies its decode steps by k: as many as it chose (decode steps)
     by_k = rows[2]["controller"]["by_k"]
     assert by_k and all(t["steps"] > 0 and t["step_ms"] > 0 for t in by_k.values())

@@ -57,6 +57,11 @@ PLAIN_RECHECK_STEPS = 16
 # is near: the best k > 0 models at least this share of plain decoding's goodput, or a probe
 # has half its cost in credit
 FEED_NEAR = 0.9
+# decode steps kept in GoodputController.trace, one tuple of TRACE_FIELDS each (seconds; the
+# estimates are the model's before the step's own measurements)
+TRACE_STEPS = 4096
+TRACE_FIELDS = ("k", "requests", "propose_s", "step_s", "drafter_s", "first_forward_s",
+                "catch_up_tokens", "measured", "t_draft_s", "t_first_s")
 
 
 class CostCurve:
@@ -231,6 +236,9 @@ class GoodputController:
         self.num_probes = 0
         self.k_histogram = [0] * (max_k + 1)
         self.by_k = [StepTally() for _ in range(max_k + 1)]  # decode steps' costs per k
+        # the last decode steps, one tuple each (see record_step), for a benchmark to print:
+        # how the costs and the choices moved over a run
+        self.trace: deque = deque(maxlen=TRACE_STEPS)
         # batched overlap may be chosen (the draft runs in its own process, beside the target)
         self.can_split = False
         self.num_split_steps = 0
@@ -423,6 +431,10 @@ class GoodputController:
             tally.timed += 1
             tally.drafter_s += drafter_s
             tally.first_forward_s += first_forward_s or 0.0
+        self.trace.append((decision.k, num_decoding, draft_s, step_s, drafter_s,
+                           first_forward_s, self.catch_up_tokens, bool(draft_measured),
+                           self.t_draft.estimate(num_decoding),
+                           self.t_first.estimate(num_decoding)))
         if decision.probe:
             plain = self.t_verify.estimate(num_decoding)
             if plain is not None:
