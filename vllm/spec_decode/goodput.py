@@ -23,8 +23,8 @@ about that much. Decisions change only how fast tokens come, never which: greedy
 rejection-sampled verification are lossless. A step with a seeded request uses the configured
 K, so that a seeded request's draws do not depend on timing.
 
-Costs are medians of the last measurements, and every proposal made while the drafter is caught
-up measures the draft forward, probes included; a draft process catches up on the tokens during
+Costs are low quantiles of the last measurements (CostCurve), and every proposal made while the
+drafter is caught up measures the draft forward, probes included; a draft process catches up on the tokens during
 plain steps while speculation is near (Proposer.observe, `feeding_pays`), so a probe costs its
 drafting only. (Measured on the H200: with an average over measurements and the draft measured
 only in runs of speculative steps, one early slow proposal priced every k > 0 out for good, and
@@ -37,6 +37,8 @@ batch while the drafter drafts the other half, then the halves swap; it takes
     t_split(k, B) = max(t_first(B/2) + (k - 1) * t_draft(B/2), t_verify(B/2 * (k + 1)))
 for half the batch's tokens, and is chosen when that models more goodput than any unsplit k
 (by SPLIT_MARGIN): when drafting a whole batch costs about as much as verifying it."""
+import bisect
+import itertools
 import math
 import statistics
 from collections import deque
@@ -48,7 +50,7 @@ import numpy as np
 
 # a split step must model this much more goodput than the best unsplit step to be chosen
 SPLIT_MARGIN = 0.05
-# a cost bucket's estimate is the median of its last this many measurements
+# a cost bucket's estimate is the lower quartile of its last this many measurements
 COST_WINDOW = 7
 # in a run of plain steps over the same requests with nothing new learnt but plain steps' costs,
 # the full choice is remade every this many steps (the steps between only weigh a probe)
@@ -66,16 +68,27 @@ TRACE_FIELDS = ("k", "requests", "propose_s", "step_s", "drafter_s", "first_forw
 
 class CostCurve:
     """Seconds as a function of a size, learnt online: per half-octave bucket of size, the mean
-    size and the (low) median seconds of the bucket's last `window` measurements (one stall, or
-    a first measurement that paid a warm-up, is outvoted by the next; a lasting change comes
-    through after window / 2 measurements), read by linear interpolation between buckets;
-    beyond the largest bucket the slope of the last two is kept (flat with one). Never
-    decreasing in size."""
+    size and the lower quartile of the seconds of the bucket's last `window` measurements, read
+    by linear interpolation between buckets; beyond the largest bucket the slope of the last
+    two is kept (flat with one). Never decreasing in size.
+
+    Low figures, because a cost priced too high is not measured again (what it prices out is
+    not chosen; only the probes, budgeted by that same price, measure it), while one priced
+    too low is chosen and so measured at once. Measured on the H200: one first proposal of
+    105 ms, against ~7 ms for those after it, kept the controller plain for ~520 steps. So a
+    bucket counts from its second measurement on (its first may have paid a warm-up: the
+    drafter's first proposal, a graph capture); until then its sizes read from the other
+    buckets, or as unmeasured. With two to four the lowest counts; from five on the second
+    lowest: stalls and warm-ups move nothing, a lasting fall comes through at once and a
+    lasting rise after three quarters of the window."""
 
     def __init__(self, window: int = COST_WINDOW) -> None:
         self.window = window
         self.samples: dict[int, deque] = {}  # bucket -> deque of (size, seconds)
-        self._points: Optional[list[tuple[float, float]]] = None  # sorted (size, seconds)
+        self._bucket_points: dict[int, tuple[float, float]] = {}  # buckets that count
+        self._xs: list[float] = []  # their (mean size, lower-quartile seconds), by size
+        self._ys: list[float] = []
+        self._ys_max: list[float] = []  # the most of _ys up to each
         self._estimates: dict[float, Optional[float]] = {}  # size -> estimate, until a record
 
     @staticmethod
@@ -83,25 +96,32 @@ class CostCurve:
         return round(2 * math.log2(max(size, 1)))
 
     def record(self, size: float, seconds: float) -> None:
-        bucket = self.samples.setdefault(self._bucket(size), deque(maxlen=self.window))
+        key = self._bucket(size)
+        bucket = self.samples.get(key)
+        if bucket is None:
+            bucket = self.samples[key] = deque(maxlen=self.window)
         bucket.append((float(size), seconds))
-        self._points = None
+        if len(bucket) < 2:
+            return  # provisional: changes no estimate
+        times = sorted(t for _, t in bucket)
+        self._bucket_points[key] = (sum(x for x, _ in bucket) / len(bucket),
+                                    times[(len(times) - 1) // 4])
+        pts = sorted(self._bucket_points.values())
+        self._xs = [x for x, _ in pts]
+        self._ys = [t for _, t in pts]
+        self._ys_max = list(itertools.accumulate(self._ys, max))
         self._estimates.clear()
 
     def measured(self, size: float) -> bool:
-        """Whether size's bucket holds a measurement."""
-        return self._bucket(size) in self.samples
+        """Whether size's bucket counts (holds two measurements or more)."""
+        return self._bucket(size) in self._bucket_points
 
     def points(self) -> list[tuple[float, float]]:
-        """(mean size, median seconds) per bucket, by size."""
-        if self._points is None:
-            self._points = sorted(
-                (sum(x for x, _ in b) / len(b), statistics.median_low(t for _, t in b))
-                for b in self.samples.values())
-        return self._points
+        """(mean size, lower-quartile seconds) per bucket that counts, by size."""
+        return list(zip(self._xs, self._ys))
 
     def estimate(self, size: float) -> Optional[float]:
-        """The modelled seconds at size (None before any measurement); a decision asks the
+        """The modelled seconds at size (None before any bucket counts); a decision asks the
         same few sizes dozens of times, so each answer is kept until the next record."""
         try:
             return self._estimates[size]
@@ -110,20 +130,20 @@ class CostCurve:
             return estimate
 
     def _interpolate(self, size: float) -> Optional[float]:
-        pts = self.points()
-        if not pts:
+        xs, ys = self._xs, self._ys
+        if not xs:
             return None
-        best = pts[0][1]  # the curve is made non-decreasing: the most of the points below
-        for (x0, t0), (x1, t1) in zip(pts, pts[1:]):
-            if size < x1:
-                frac = 0.0 if size <= x0 else (size - x0) / max(x1 - x0, 1e-9)
-                return max(best, t0 + frac * (t1 - t0))
-            best = max(best, t1)
-        if len(pts) == 1:
+        i = bisect.bisect_right(xs, size)  # xs[i - 1] <= size < xs[i]
+        if i == 0:
+            return ys[0]
+        best = self._ys_max[i - 1]  # the curve is made non-decreasing
+        if i < len(xs):
+            x0, t0, x1, t1 = xs[i - 1], ys[i - 1], xs[i], ys[i]
+            return max(best, t0 + (size - x0) / max(x1 - x0, 1e-9) * (t1 - t0))
+        if len(xs) == 1:
             return best
-        (x0, t0), (x1, t1) = pts[-2], pts[-1]
-        slope = max(0.0, (t1 - t0) / max(x1 - x0, 1e-9))
-        return max(best, t1 + slope * (size - x1))
+        slope = max(0.0, (ys[-1] - ys[-2]) / max(xs[-1] - xs[-2], 1e-9))
+        return max(best, ys[-1] + slope * (size - xs[-1]))
 
 
 @dataclass
@@ -150,6 +170,13 @@ def expected_tokens(a: float, k: int) -> float:
 def tokens_by_k(alphas: list[float], max_k: int) -> list[float]:
     """For k = 0..max_k: the tokens one verification of k drafts per request emits over requests
     of acceptance alphas (the sum of expected_tokens), in one pass."""
+    if len(alphas) <= 4:  # numpy's call costs more than the arithmetic of a few requests
+        out, powers, total = [], [1.0] * len(alphas), 0.0
+        for _ in range(max_k + 1):
+            total += sum(powers)
+            out.append(total)
+            powers = [p * a for p, a in zip(powers, alphas)]
+        return out
     powers = np.asarray(alphas, dtype=np.float64)[:, None] ** np.arange(max_k + 1)
     return np.cumsum(powers, axis=1).sum(axis=0).tolist()
 
@@ -282,6 +309,21 @@ class GoodputController:
         return self.propose_seconds(k, batch) + max(plain,
                                                     self.t_verify.estimate(batch * (k + 1)))
 
+    def step_seconds_by_k(self, batch: int) -> Optional[list[float]]:
+        """step_seconds(k, batch) for k = 0..max_k, in one pass (each decision asks for all)."""
+        plain = self.t_verify.estimate(batch)
+        if plain is None:
+            return None
+        draft = self.t_draft.estimate(batch)
+        first = self.t_first.estimate(batch)
+        if draft is None:
+            draft = first = 0.0
+        elif first is None:
+            first = draft
+        verify = self.t_verify.estimate
+        return [plain] + [first + (k - 1) * draft + max(plain, verify(batch * (k + 1)))
+                          for k in range(1, self.max_k + 1)]
+
     def goodput(self, k: int, alphas: list[float]) -> Optional[float]:
         t = self.step_seconds(k, len(alphas))
         return None if t is None else tokens_by_k(alphas, k)[k] / t
@@ -336,10 +378,11 @@ class GoodputController:
 
     def _choose(self, alphas: list[float]) -> Decision:
         batch = self.last_batch = len(alphas)
-        if self.step_seconds(0, batch) is None:
+        seconds = self.step_seconds_by_k(batch)
+        if seconds is None:
             return Decision(0)  # measure a plain step first: it costs nothing extra
         tokens = tokens_by_k(alphas, self.max_k)
-        rates = [tokens[k] / self.step_seconds(k, batch) for k in range(self.max_k + 1)]
+        rates = [n / t for n, t in zip(tokens, seconds)]
         plain = rates[0]
         self.best_spec_ratio = max(rates[1:], default=0.0) / plain
         k = max(range(len(rates)), key=lambda i: (rates[i], -i))
