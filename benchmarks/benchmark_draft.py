@@ -15,6 +15,9 @@ import statistics
 import sys
 import time
 
+
+# torch's CPU allocations on huge pages, as in the engine's own processes (vllm/huge_pages.py)
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 import torch
 import torch.nn.functional as F
 

@@ -11,6 +11,9 @@ import os
 import sys
 import time
 
+
+# torch's CPU allocations on huge pages, as in the engine's own processes (vllm/huge_pages.py)
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 import numpy as np
 import torch
 from tqdm import tqdm

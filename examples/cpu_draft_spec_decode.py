@@ -9,7 +9,10 @@ import argparse
 import gc
 import time
 
-from vllm import LLM, SamplingParams
+from vllm import huge_pages
+
+huge_pages.request()  # torch's CPU allocations on huge pages: set before torch loads
+from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.model_executor.model_loader.fetch import fetch_model
 
 PROMPTS = [

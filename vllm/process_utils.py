@@ -8,6 +8,8 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any, Optional
 
+from vllm import huge_pages
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -53,11 +55,12 @@ def start_process(module: str, name: str, payload: Any,
                   env: Optional[dict[str, str]] = None) -> tuple[subprocess.Popen, Connection]:
     """Starts `python -m module` as a child process named `name` (shown in every log line),
     joined to this one by a duplex pipe; payload is its first message (its arguments); env:
-    variables set for it alone. A fresh interpreter, unlike multiprocessing's spawn, never
+    variables set for it alone (torch's CPU allocations on huge pages unless the user said
+    otherwise: vllm.huge_pages). A fresh interpreter, unlike multiprocessing's spawn, never
     re-runs the caller's __main__."""
     parent_conn, child_conn = multiprocessing.Pipe()
     fd = child_conn.fileno()
-    env = {**os.environ, **(env or {}), "VLLM_PROCESS_NAME": name}
+    env = {**os.environ, **huge_pages.child_env(), **(env or {}), "VLLM_PROCESS_NAME": name}
     proc = subprocess.Popen([sys.executable, "-m", module, str(fd)], pass_fds=(fd,), env=env,
                             stdin=subprocess.DEVNULL)
     child_conn.close()

@@ -4,6 +4,7 @@ import argparse
 from typing import Optional
 
 import vllm
+from vllm import huge_pages
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -30,6 +31,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
+    huge_pages.request()  # before torch loads (vllm.huge_pages)
     args = make_parser().parse_args(argv)
     args.func(args)
 
