@@ -24,13 +24,13 @@ rejection-sampled verification are lossless. A step with a seeded request uses t
 K, so that a seeded request's draws do not depend on timing.
 
 Costs are low quantiles of the last measurements (CostCurve), and every proposal made while the
-drafter is caught up measures the draft forward, probes included; a draft process catches up on the tokens during
-plain steps while speculation is near (Proposer.observe, `feeding_pays`), so a probe costs its
-drafting only. (Measured on the H200: with an average over measurements and the draft measured
-only in runs of speculative steps, one early slow proposal priced every k > 0 out for good, and
-each probe after plain steps paid a catch-up on all the tokens since.) In a run of plain steps
-over the same requests the full choice is remade every PLAIN_RECHECK_STEPS steps, or at once
-when a verdict, a draft cost or a request comes or goes.
+drafter is caught up measures the draft forward, probes included; a draft process catches up on
+the tokens during plain steps while speculation is near (Proposer.observe, `feeding_pays`), so a
+probe costs its drafting only. (Measured on the H200: with an average over measurements and the
+draft measured only in runs of speculative steps, one early slow proposal priced every k > 0 out
+for good, and each probe after plain steps paid a catch-up on all the tokens since.) In a run of
+plain steps over the same requests the full choice is remade every PLAIN_RECHECK_STEPS steps, or
+at once when a verdict, a draft cost or a request comes or goes.
 
 Batched overlap (`can_split`, the draft in its own process): a split step verifies half the
 batch while the drafter drafts the other half, then the halves swap; it takes
@@ -303,25 +303,16 @@ class GoodputController:
     def step_seconds(self, k: int, batch: int) -> Optional[float]:
         """Modelled seconds of a decode step of batch requests drafting k each (None when the
         plain step is not measured yet)."""
-        plain = self.t_verify.estimate(batch)
-        if plain is None or k == 0:
-            return plain
-        return self.propose_seconds(k, batch) + max(plain,
-                                                    self.t_verify.estimate(batch * (k + 1)))
+        seconds = self.step_seconds_by_k(batch)
+        return None if seconds is None else seconds[k]
 
     def step_seconds_by_k(self, batch: int) -> Optional[list[float]]:
         """step_seconds(k, batch) for k = 0..max_k, in one pass (each decision asks for all)."""
         plain = self.t_verify.estimate(batch)
         if plain is None:
             return None
-        draft = self.t_draft.estimate(batch)
-        first = self.t_first.estimate(batch)
-        if draft is None:
-            draft = first = 0.0
-        elif first is None:
-            first = draft
         verify = self.t_verify.estimate
-        return [plain] + [first + (k - 1) * draft + max(plain, verify(batch * (k + 1)))
+        return [plain] + [self.propose_seconds(k, batch) + max(plain, verify(batch * (k + 1)))
                           for k in range(1, self.max_k + 1)]
 
     def goodput(self, k: int, alphas: list[float]) -> Optional[float]:
@@ -420,7 +411,8 @@ class GoodputController:
     def _probe_cost(self, batch: int) -> float:
         """Foreseen seconds of a one-draft probe over a plain step: the model's, or more by the
         tokens it would catch up on, once a probe measured that."""
-        modelled = self.step_seconds(1, batch) - self.step_seconds(0, batch)
+        seconds = self.step_seconds_by_k(batch)
+        modelled = seconds[1] - seconds[0]
         if self.probe_cost_per_token is None:
             return modelled
         return max(modelled, self.probe_cost_per_token * max(self.catch_up_tokens, batch))
