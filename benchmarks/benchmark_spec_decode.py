@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
 
 # torch's CPU allocations on huge pages, as in the engine's own processes (vllm/huge_pages.py)
@@ -152,6 +153,81 @@ def spec_row(name: str, k: int, m: SpecDecodeMetrics, secs: float, plain: dict,
             "bound_free_draft": tau * plain["step_ms"] / verify_ms if m.num_verify_forwards else 0}
 
 
+def timed_rows(llm: LLM, runs: list, prompts, params, args) -> list[dict]:
+    """One row per run (name, proposer, draft ahead, k; the first is the plain baseline, proposer
+    None), each timed over all prompts. With --rounds R each row runs R times, the order of the
+    runs reversed every other round, and adds up its seconds, its speculative metrics and its
+    engine steps: the host's speed drifts by 5-10% over a sweep of minutes (measured on the
+    H200), and alternating cancels a drift that is steady. A controller row keeps its controller
+    over the rounds (it learns on, as in a server). The plain row keeps its outputs (first
+    round)."""
+    engine = llm.llm_engine
+    state = [{"seconds": 0.0, "metrics": SpecDecodeMetrics(), "steps": None, "outs": None,
+              "made": 0, "used": 0,
+              "controller": GoodputController(k) if "+goodput" in name else None}
+             for name, _, _, k in runs]
+    order = list(range(len(runs)))
+    for r in range(args.rounds):
+        for i in tqdm(order if r % 2 == 0 else order[::-1], desc=f"round {r + 1}",
+                      disable=len(runs) < 3):
+            name, proposer, ahead, k = runs[i]
+            st = state[i]
+            engine.proposer, engine.draft_ahead = proposer, ahead
+            engine.spec.controller = st["controller"]
+            engine.spec_metrics = SpecDecodeMetrics()  # the warm-up counts for no row
+            if proposer is not None:  # this k's verification graphs are captured here
+                engine.spec_config.num_speculative_tokens = k
+                llm.generate(prompts[:1], SamplingParams(max_tokens=2 * k + 2, ignore_eos=True),
+                             use_tqdm=False)
+            engine.spec_metrics = st["metrics"]
+            stats = getattr(proposer, "ahead_stats", {})
+            stats.update(made=0, used=0)
+            before = engine.step_timer.as_dict()
+            outs, secs = timed_generate(llm, prompts, params, args.batch_size)
+            st["steps"] = add_steps(st["steps"], before, engine.step_timer.as_dict())
+            st["seconds"] += secs
+            st["outs"] = st["outs"] or outs
+            st["made"] += stats.get("made", 0)
+            st["used"] += stats.get("used", 0)
+    engine.spec.controller = None
+    plain = state[0]
+    num_tokens = sum(len(o.outputs[0].token_ids) for o in plain["outs"]) * args.rounds
+    num_steps = -(-len(prompts) // args.batch_size) * args.max_tokens * args.rounds
+    base = {"proposer": "none", "k": 0, "tokens_per_s": num_tokens / plain["seconds"],
+            "speedup": 1.0, "seconds": plain["seconds"],
+            "step_ms": 1e3 * plain["seconds"] / num_steps, "rounds": args.rounds,
+            "engine_steps": per_step_ms(ZERO_STEPS, plain["steps"]), "outputs": plain["outs"]}
+    rows = [base]
+    for (name, proposer, ahead, k), st in zip(runs[1:], state[1:]):
+        row = spec_row(name, k, st["metrics"], st["seconds"], base, num_tokens)
+        row.update(same_prefix(plain["outs"], st["outs"]), ahead_made=st["made"],
+                   ahead_used=st["used"], engine_steps=per_step_ms(ZERO_STEPS, st["steps"]))
+        ctrl = st["controller"]
+        if ctrl is not None:
+            row["controller"] = dict(ctrl.as_dict(), k_histogram=list(ctrl.k_histogram),
+                                     by_k={k: t.as_dict() for k, t in enumerate(ctrl.by_k)
+                                           if t.steps},
+                                     trace=[dict(zip(TRACE_FIELDS, t)) for t in ctrl.trace])
+        rows.append(row)
+    return rows
+
+
+ZERO_STEPS = {"phase_s": {}, "steps": {}, "step_s": {}, "first_token_s": 0.0,
+              "num_first_tokens": 0}
+
+
+def add_steps(total: Optional[dict], before: dict, after: dict) -> dict:
+    """total (a StepTimer.as_dict() of sums, None for none yet) plus what happened between two
+    snapshots; per_step_ms(ZERO_STEPS, total) then reads the sums per step."""
+    total = copy.deepcopy(total or ZERO_STEPS)
+    for key in ("phase_s", "steps", "step_s"):
+        for k, v in after[key].items():
+            total[key][k] = total[key].get(k, 0) + v - before[key].get(k, 0)
+    for key in ("first_token_s", "num_first_tokens"):
+        total[key] += after[key] - before[key]
+    return total
+
+
 def main(args) -> dict:
     prompts = (humaneval_prompts(args.num_prompts) if args.prompts == "humaneval"
                else CHAT_PROMPTS[:args.num_prompts])
@@ -172,57 +248,26 @@ def main(args) -> dict:
     proposers = build_proposers(llm, names, args)
     engine.spec.controller = None  # every row measures its k as given (goodput rows aside)
     llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-    engine.proposer = None  # the same engine without speculation: the baseline
-    timer_before = engine.step_timer.as_dict()
-    plain, plain_s = timed_generate(llm, prompts, params, args.batch_size)
-    num_tokens = sum(len(o.outputs[0].token_ids) for o in plain)
-    num_steps = -(-len(prompts) // args.batch_size) * args.max_tokens
-    base = {"proposer": "none", "k": 0, "tokens_per_s": num_tokens / plain_s, "speedup": 1.0,
-            "seconds": plain_s, "step_ms": 1e3 * plain_s / num_steps,
-            "engine_steps": per_step_ms(timer_before, engine.step_timer.as_dict())}
-    rows = [base]
-    runs = [(name, proposer, ahead, k) for name, proposer, ahead in
-            variants(proposers, engine.config.device.type) for k in ks]
+    runs = [("none", None, False, 0)]  # the same engine without speculation: the baseline
+    runs += [(name, proposer, ahead, k) for name, proposer, ahead in
+             variants(proposers, engine.config.device.type) for k in ks]
     if args.adaptive:  # then each proposer once more, the goodput controller choosing k
         goodput = [(name + "+goodput", proposer, False, max(ks)) for name, proposer, _ in
                    variants(proposers, engine.config.device.type) if not name.endswith("ahead")]
         # --adaptive-first: also before the fixed rows (does the order change its figures?)
-        runs = ([(n + " (first)", p, a, k) for n, p, a, k in goodput] * args.adaptive_first
-                + runs + goodput)
+        runs = (runs[:1] + [(n + " (first)", p, a, k) for n, p, a, k in goodput]
+                * args.adaptive_first + runs[1:] + goodput)
     if args.control_k:  # the same fixed k again last: did the machine change over the run?
         runs += [(name + " (again)", proposer, False, args.control_k) for name, proposer, _ in
                  variants(proposers, engine.config.device.type) if not name.endswith("ahead")]
-    for name, proposer, ahead, k in tqdm(runs, desc="proposer x k", disable=len(runs) < 2):
-        engine.proposer, engine.draft_ahead = proposer, ahead
-        engine.spec_config.num_speculative_tokens = k
-        engine.spec.controller = GoodputController(k) if "+goodput" in name else None
-        # this k's verification graphs are captured here, not in the timed run
-        llm.generate(prompts[:1], SamplingParams(max_tokens=2 * k + 2, ignore_eos=True),
-                     use_tqdm=False)
-        engine.spec_metrics = SpecDecodeMetrics()
-        stats = getattr(proposer, "ahead_stats", {})
-        stats.update(made=0, used=0)
-        timer_before = engine.step_timer.as_dict()
-        outs, secs = timed_generate(llm, prompts, params, args.batch_size)
-        row = spec_row(name, k, engine.spec_metrics, secs, base, num_tokens)
-        row.update(same_prefix(plain, outs), ahead_made=stats.get("made", 0),
-                   ahead_used=stats.get("used", 0),
-                   engine_steps=per_step_ms(timer_before, engine.step_timer.as_dict()))
-        if engine.spec.controller is not None:
-            row["controller"] = dict(engine.spec.controller.as_dict(),
-                                     k_histogram=list(engine.spec.controller.k_histogram),
-                                     by_k={k: t.as_dict() for k, t in
-                                           enumerate(engine.spec.controller.by_k) if t.steps},
-                                     trace=[dict(zip(TRACE_FIELDS, t))
-                                            for t in engine.spec.controller.trace])
-        rows.append(row)
-    engine.spec.controller = None
+    rows = timed_rows(llm, runs, prompts, params, args)
+    plain = rows[0].pop("outputs")
     prompt_tokens = sum(len(o.prompt_token_ids) for o in plain) / len(plain)
     engine.proposer = next(iter(proposers.values()), None)
     floors = measure_floors(llm, prompt_tokens, args)
     result = {"provenance": provenance(), "prompts": args.prompts, "num_prompts": len(prompts),
-              "batch_size": args.batch_size, "max_tokens": args.max_tokens, "floors": floors,
-              "rows": rows}
+              "batch_size": args.batch_size, "max_tokens": args.max_tokens,
+              "rounds": args.rounds, "floors": floors, "rows": rows}
     if args.hf_baseline:
         from benchmarks.hf_baseline import hf_spec_baseline
         target_config = engine.config
@@ -237,8 +282,10 @@ def main(args) -> dict:
 
 def print_report(result: dict) -> None:
     f = result["floors"]
+    rounds = result.get("rounds", 1)
     print(f"\n{result['prompts']} prompts x {result['num_prompts']}, batch "
-          f"{result['batch_size']}, {result['max_tokens']} tokens, greedy")
+          f"{result['batch_size']}, {result['max_tokens']} tokens, greedy"
+          + (f"; {rounds} rounds, the order reversed every other one" if rounds > 1 else ""))
     print(f"{'proposer':<16}{'k':>3}{'tau':>6}{'accept':>8}{'draft ms':>9}{'/fwd':>6}"
           f"{'verify ms':>10}{'tok/s':>8}{'speedup':>8}{'bound':>7}{'same':>6}{'ahead':>7}")
     for r in result["rows"]:
@@ -339,6 +386,9 @@ def make_parser() -> argparse.ArgumentParser:
                              "(up to the largest of --ks) each step")
     parser.add_argument("--adaptive-first", action="store_true",
                         help="with --adaptive: the goodput rows also before the fixed-k rows")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every row this many times, the order reversed every other "
+                             "round, and add up: a steady drift of the machine cancels")
     parser.add_argument("--control-k", type=int, default=0,
                         help="after the other rows, each proposer once more at this fixed k: "
                              "a control for drift over the run")

@@ -12,7 +12,9 @@
 #   DRAFT_PROFILE=1 for an op profile of each shape's batch-8 step at all cores)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too, PAIR_CONTROL_K=k a fixed-k row again after the rest,
-#   PAIR_ADAPTIVE_FIRST=1 the controller's rows also before the fixed ones, PAIR_SHAPE=llama-2-13b for another target shape;
+#   PAIR_ADAPTIVE_FIRST=1 the controller's rows also before the fixed ones, PAIR_ROUNDS=R every
+#   row R times in alternating order, added up (the host's speed drifts 5-10% over a sweep),
+#   PAIR_SHAPE=llama-2-13b for another target shape;
 #   serve: the pair served plain and with its CPU draft, engine core in its own process and on
 #   the server's thread, at SERVE_CLIENTS clients: benchmarks/serve_sweep.py)
 #   (serve: SERVE_LAYOUTS mp,inproc, SERVE_CONFIGS plain,draft,split,goodput, SERVE_K, SERVE_ADAPTIVE)
@@ -23,14 +25,15 @@
 #   if [ -e /tmp/started ]; then echo already; else touch /tmp/started; setsid nohup bash -c '
 #     PYTEST_ARGS="-m cuda" bash scripts/gpu_check.sh test /tmp/o;
 #     export VLLM_SKIP_BUILD=1;
-#     export PAIR_TARGET_S=70 PAIR_DRAFT_S=45 PAIR_PROPOSERS=draft,draft-gpu PAIR_HF= \
-#       PAIR_ADAPTIVE=1 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput SERVE_K=4;
+#     export PAIR_TARGET_S=70 PAIR_DRAFT_S=45 PAIR_PROPOSERS=draft PAIR_HF= PAIR_KS=4,6,8 \
+#       PAIR_ADAPTIVE=1 PAIR_ROUNDS=2 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput SERVE_K=4;
 #     bash scripts/gpu_check.sh pair /tmp/o; PAIR_SHAPE=llama-2-13b bash scripts/gpu_check.sh pair /tmp/o13;
 #     GOODPUT_BATCHES=1 GOODPUT_MODES="plain spec-spinauto plain spec-spinauto" \
 #       bash scripts/gpu_check.sh goodput /tmp/o;
 #     DRAFT_THREADS=8,16 DRAFT_PATHS=fused bash scripts/gpu_check.sh draft /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the pair's controller rows print their decode steps' costs per k: where its proposing goes)
+#   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
+#   a pair stage is ~4 min with its training, ~1 min more per extra round)
 #   (each stage takes, on the H200: build ~100 s, goodput ~5 min for 3 batches x 4 modes, pair
 #   ~3 min, serve ~3 min for two configs, draft ~1 min at 3 thread counts, profile ~1.5 min for
 #   7B + 13B + 34B at 3 shapes, -m cuda tests ~100 s; the machine's start costs 1.5-3 min of
@@ -200,6 +203,7 @@ if want pair; then
     --speculative-model /tmp/pair7b/draft --cpu-draft-worker --dtype bfloat16 \
     --proposers "${PAIR_PROPOSERS:-draft,draft-gpu,ngram}" --ks "${PAIR_KS:-1,2,3,4,6,8}" ${PAIR_ADAPTIVE:+--adaptive} \
     ${PAIR_CONTROL_K:+--control-k $PAIR_CONTROL_K} ${PAIR_ADAPTIVE_FIRST:+--adaptive-first} \
+    --rounds "${PAIR_ROUNDS:-1}" \
     --num-prompts 6 --batch-size 1 --max-tokens 128 --max-model-len 2048 \
     --gpu-memory-utilization 0.6 ${PAIR_HF---hf-baseline --hf-num-prompts 2} \
     --output-json "$OUT_DIR/spec_pair7b.json" > "$OUT_DIR/spec_pair7b.log" 2>&1 || status=1

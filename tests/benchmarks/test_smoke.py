@@ -76,8 +76,10 @@ def test_benchmark_spec_decode_ngram_only(tmp_path, tiny_llama):
     out = tmp_path / "s.json"
     run("benchmark_spec_decode.py", "--model", tiny_llama, "--speculative-model", "[ngram]",
         "--device", "cpu", "--dtype", "float32", "--ks", "2", "--num-prompts", "2",
-        "--max-tokens", "8", "--adaptive", "--control-k", "1", "--output-json", str(out))
-    rows = json.loads(out.read_text())["rows"]
+        "--max-tokens", "8", "--adaptive", "--control-k", "1", "--rounds", "2",
+        "--output-json", str(out))
+    result = json.loads(out.read_text())
+    rows = result["rows"]
     assert [(r["proposer"], r["k"]) for r in rows] == [("none", 0), ("ngram", 2),
                                                        ("ngram+goodput", 2),
                                                        ("ngram (again)", 1)]
@@ -86,6 +88,10 @@ def test_benchmark_spec_decode_ngram_only(tmp_path, tiny_llama):
     trace = rows[2]["controller"]["trace"]
     assert len(trace) == sum(t["steps"] for t in rows[2]["controller"]["by_k"].values())
     assert all(0 <= t["k"] <= 2 and t["step_s"] > 0 for t in trace)
+    # two rounds: every row generated its 2 prompts x 8 tokens twice, its steps added up
+    assert result["rounds"] == 2 and rows[0]["rounds"] == 2
+    assert rows[0]["tokens_per_s"] * rows[0]["seconds"] == pytest.approx(2 * 2 * 8)
+    assert all(r["engine_steps"]["prefill_steps"] == 2 for r in rows)  # both prompts in one
     # the controller's row tallies its decode steps by k: as many as it chose (decode steps)
     by_k = rows[2]["controller"]["by_k"]
     assert by_k and all(t["steps"] > 0 and t["step_ms"] > 0 for t in by_k.values())
