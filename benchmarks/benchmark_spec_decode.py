@@ -229,6 +229,8 @@ def add_steps(total: Optional[dict], before: dict, after: dict) -> dict:
 
 
 def main(args) -> dict:
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
     prompts = (humaneval_prompts(args.num_prompts) if args.prompts == "humaneval"
                else CHAT_PROMPTS[:args.num_prompts])
     if args.prompts == "chat":
