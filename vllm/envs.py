@@ -26,6 +26,12 @@ def _gemv_rows(raw: str) -> int:
     return 8 if _flag(raw) else 0
 
 
+def _attn_parts(raw: str) -> str:
+    if raw.lower() not in ("max", "context"):
+        raise ValueError("expected max or context")
+    return raw.lower()
+
+
 # name -> (parser, default, description)
 _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_TARGET_DEVICE": (str.lower, "auto",
@@ -41,6 +47,12 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                        "GEMV instead of torch's GEMM: off, on (steps of up to 8 rows) or the "
                        "most rows, 1 to 8 (default 2: the row counts it measured faster than "
                        "cuBLAS on the H200; 3-8 rows run at about cuBLAS's speed)"),
+    "VLLM_CUDA_ATTN_PARTS": (_attn_parts, "max",
+                             "CUDA paged attention's key partitions (read by the kernel at each "
+                             "call): max sizes them on the host for max_context_len, as a CUDA "
+                             "graph captures them; context sizes them per sequence on the device "
+                             "from its own context (a short context over as many blocks as a "
+                             "long one; not yet measured on a GPU)"),
     "VLLM_MODEL_CACHE": (str, "", "where fetched GGUF models are cached; default "
                          "~/.cache/vllm-hetero/models"),
     "VLLM_LOGGING_LEVEL": (str.upper, "INFO", "log level of the vllm logger"),

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "core/checks.h"
 #include "cuda/dispatch.h"
@@ -68,6 +70,7 @@ struct Params {
   int num_seqs, num_tokens, num_heads, num_kv_heads, group, block_size, max_blocks;
   int num_parts, part_size;
   float scale_log2;  // scale * log2(e): scores live in log2 units for exp2f
+  int parts_by_context;  // partitions sized per sequence on the device (part_keys)
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -81,9 +84,22 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // Keys visible to query token i of a sequence: causal among its q_len new tokens, clamped to
 // the keys the block table and the grid's partitions reach (both kernels must agree on it).
+__device__ __forceinline__ int reach_keys(const Params& p, int ctx) {
+  return min(ctx, min(p.max_blocks * p.block_size, p.num_parts * p.part_size));
+}
 __device__ __forceinline__ int visible_keys(const Params& p, int ctx, int q_len, int i) {
-  const int reach = min(ctx, min(p.max_blocks * p.block_size, p.num_parts * p.part_size));
-  return min(ctx - q_len + i + 1, reach);
+  return min(ctx - q_len + i + 1, reach_keys(p, ctx));
+}
+
+// Keys per partition for a sequence of ctx keys: the launch's part_size (sized on the host for
+// max_context_len), or with parts_by_context the fewest whole tiles that spread the keys the
+// sequence reaches over the grid's partitions: a CUDA graph captured for the longest context
+// then splits a short one over as many blocks as a long one, each walking fewer tiles. Both
+// kernels must agree on it; num_parts * part_keys covers the keys visible_keys reaches.
+__device__ __forceinline__ int part_keys(const Params& p, int ctx) {
+  if (!p.parts_by_context) return p.part_size;
+  const int per = (reach_keys(p, ctx) + p.num_parts - 1) / p.num_parts;
+  return max(kTileKeys, min(p.part_size, (per + kTileKeys - 1) / kTileKeys * kTileKeys));
 }
 
 // 16-byte global -> shared copy that bypasses registers; zero-fills when !valid.
@@ -120,7 +136,7 @@ __device__ int2 find_item(const Params& p, int x, int rows_per_tile) {
 }
 
 // grid (items, partitions, kv heads): item x is a tile of kRows rows r = i * group + g of one
-// sequence's q_len tokens i (find_item); partition y covers keys [y, y + 1) * part_size. The
+// sequence's q_len tokens i (find_item); partition y covers keys [y, y + 1) * part_keys. The
 // block loads each K/V tile once for all its rows and keeps a running (max m, sum l, output)
 // per row, flash-attention style.
 template <typename T, int HS, int ROWS>
@@ -151,8 +167,9 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
   const int q_start = p.query_start_loc[seq], q_len = p.query_start_loc[seq + 1] - q_start;
   const int ctx = p.context_lens[seq];
   const int row0 = item.y * R, rows = min(R, q_len * p.group - row0);
-  const int key_begin = part * p.part_size;
-  const int key_end = min(key_begin + p.part_size,
+  const int part_size = part_keys(p, ctx);
+  const int key_begin = part * part_size;
+  const int key_end = min(key_begin + part_size,
                           visible_keys(p, ctx, q_len, (row0 + rows - 1) / p.group));
   if (key_begin >= key_end) return;  // no row of the block sees a key of this partition
   const int num_tiles = (key_end - key_begin + kTileKeys - 1) / kTileKeys;
@@ -348,8 +365,10 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const Params p) {
     (qsl[mid] <= token ? lo : hi) = mid;
   }
   if (lo == p.num_seqs) return;  // past every sequence's tokens (padding): left untouched
-  const int vis = visible_keys(p, p.context_lens[lo], qsl[lo + 1] - qsl[lo], token - qsl[lo]);
-  const int parts = vis <= 0 ? 0 : (vis + p.part_size - 1) / p.part_size;
+  const int ctx = p.context_lens[lo];
+  const int vis = visible_keys(p, ctx, qsl[lo + 1] - qsl[lo], token - qsl[lo]);
+  const int part_size = part_keys(p, ctx);
+  const int parts = vis <= 0 ? 0 : (vis + part_size - 1) / part_size;
   const float2* ml = reinterpret_cast<const float2*>(p.ws_ml) + idx * p.num_parts;
   float m = -INFINITY, w = 0.f;
   for (int i = lane; i < parts; i += 32) m = fmaxf(m, ml[i].x);
@@ -428,6 +447,16 @@ void launch_rows(const Params& p, const at::Tensor& query, int64_t max_context_l
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
+// VLLM_CUDA_ATTN_PARTS: max (default: partitions sized for max_context_len, as captured in a
+// CUDA graph) or context (sized per sequence on the device: part_keys). Read at every call.
+int parts_by_context() {
+  const char* v = std::getenv("VLLM_CUDA_ATTN_PARTS");
+  const std::string mode = v == nullptr ? "max" : v;
+  TORCH_CHECK(mode == "max" || mode == "context",
+              "VLLM_CUDA_ATTN_PARTS must be max or context, got '", mode, "'");
+  return mode == "context";
+}
+
 }  // namespace
 
 // The sequence metadata is trusted: the CPU checks it on the host, which here would need a
@@ -454,7 +483,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
            query_start_loc.data_ptr<int>(), nullptr, nullptr, static_cast<int>(num_seqs),
            static_cast<int>(num_tokens), static_cast<int>(num_heads), num_kv_heads,
            static_cast<int>(num_heads) / num_kv_heads, static_cast<int>(key_cache.size(2)),
-           static_cast<int>(block_tables.size(1)), 0, 0, static_cast<float>(scale) * kLog2e};
+           static_cast<int>(block_tables.size(1)), 0, 0, static_cast<float>(scale) * kLog2e,
+           parts_by_context()};
   const c10::cuda::OptionalCUDAGuard guard(device_of(query));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   VLLM_CUDA_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {

@@ -7,6 +7,7 @@ import torch
 
 from tests.utils import DEVICES, DTYPES, assert_close
 from vllm import _custom_ops as ops
+from vllm import envs
 from vllm.model_executor.attention.paged_attention import (paged_attention_native,
                                                             reshape_and_cache_native)
 
@@ -34,14 +35,14 @@ def make_batch(context_lens, q_lens, num_heads, num_kv_heads, head_size, block_s
 
 
 def run_and_compare(context_lens, q_lens, num_heads, num_kv_heads, head_size, block_size,
-                    device):
+                    device, max_context_len=None):
     for dtype in DTYPES[device]:
         batch = make_batch(context_lens, q_lens, num_heads, num_kv_heads, head_size, block_size,
                            dtype, device)
         scale = head_size**-0.5
         ref = paged_attention_native(*batch, scale)
         out = torch.full_like(batch[0], float("nan"))
-        ops.paged_attention(out, *batch, max(context_lens), scale)
+        ops.paged_attention(out, *batch, max_context_len or max(context_lens), scale)
         assert_close("paged_attention", out, ref, dtype)
 
 
@@ -89,6 +90,27 @@ def test_paged_attention_few_rows_on_average_with_a_longer_query(device, num_hea
     CUDA kernel's small-block variant), one sequence spanning several of its blocks."""
     run_and_compare([30, 5, 77, 64, 31, 2, 100, 45], [1] * 7 + [12], num_heads, num_kv_heads,
                     128, 16, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("parts", ["max", "context"])
+def test_paged_attention_partitions_sized_for_a_longer_context(device, parts, monkeypatch):
+    """As under a CUDA graph captured for the longest context: max_context_len far above the
+    sequences' own, the CUDA kernel's partitions sized for it or per sequence on the device
+    (VLLM_CUDA_ATTN_PARTS; the CPU kernel has no partitions): decode, verification, GQA."""
+    monkeypatch.setenv("VLLM_CUDA_ATTN_PARTS", parts)
+    assert envs.VLLM_CUDA_ATTN_PARTS == parts
+    run_and_compare([1, 17, 64, 300, 33, 129], [1] * 6, 32, 32, 128, 16, device, 2048)
+    run_and_compare([5, 40, 129, 517], [5] * 4, 16, 4, 128, 16, device, 4096)
+    run_and_compare([3, 64, 65, 1000], [1, 2, 1, 3], 12, 2, 64, 32, device, 1024)
+
+
+@pytest.mark.parametrize("device", DEVICES[1:])
+def test_paged_attention_rejects_an_unknown_partition_mode(device, monkeypatch):
+    monkeypatch.setenv("VLLM_CUDA_ATTN_PARTS", "auto")
+    batch = make_batch([10], [1], 4, 4, 64, 16, torch.float16, device)
+    with pytest.raises(RuntimeError, match="VLLM_CUDA_ATTN_PARTS must be max or context"):
+        ops.paged_attention(torch.empty_like(batch[0]), *batch, 10, 0.125)
 
 
 @pytest.mark.parametrize("device", DEVICES)
