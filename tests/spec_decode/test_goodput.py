@@ -139,12 +139,21 @@ def test_a_first_proposal_that_paid_a_warm_up_costs_one_more_proposal_not_a_run_
     assert ctrl.t_draft.estimate(1) == pytest.approx(0.7e-3)
 
 
-def test_the_step_costs_of_every_k_in_one_pass_equal_each_k_asked_alone():
+def test_the_step_costs_of_every_k_follow_the_model():
+    """t(k, B) = t_first(B) + (k - 1) t_draft(B) + max(t_verify(B), t_verify(B (k + 1))), read
+    from the learnt curves (t_verify(B) alone for k = 0)."""
     ctrl = GoodputController(max_k=6)
+    assert ctrl.step_seconds_by_k(1) is None  # no plain step measured yet
     simulate(ctrl, 0.7, gpu_like, lambda b: 0.7e-3 * (1 + b / 8), batch=4, steps=60)
+    ctrl.t_first.record(4, 1.5e-3)
+    ctrl.t_first.record(4, 1.5e-3)
     for batch in (1, 3, 4, 9, 40):
+        plain, verify = ctrl.t_verify.estimate(batch), ctrl.t_verify.estimate
+        first, draft = ctrl.t_first.estimate(batch), ctrl.t_draft.estimate(batch)
+        assert first is not None and draft is not None
         assert ctrl.step_seconds_by_k(batch) == pytest.approx(
-            [ctrl.step_seconds(k, batch) for k in range(7)])
+            [plain] + [first + (k - 1) * draft + max(plain, verify(batch * (k + 1)))
+                       for k in range(1, 7)])
 
 
 def test_a_probe_is_priced_by_the_tokens_the_draft_must_catch_up_on():
@@ -242,9 +251,11 @@ def test_expected_tokens():
     assert expected_tokens(0.0, 4) == 1.0
     assert expected_tokens(1.0, 4) == 5.0
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
-    alphas = [0.0, 0.3, 0.75, 1.0]  # the controller's one-pass sums, against the reference
-    assert tokens_by_k(alphas, 6) == pytest.approx(
-        [sum(expected_tokens(a, k) for a in alphas) for k in range(7)])
+    # the controller's one-pass sums against the reference, a few requests (plain arithmetic)
+    # and more (numpy)
+    for alphas in ([0.0, 0.3, 0.75, 1.0], [0.0, 0.1, 0.3, 0.5, 0.75, 0.9, 0.99, 1.0, 0.6]):
+        assert tokens_by_k(alphas, 6) == pytest.approx(
+            [sum(expected_tokens(a, k) for a in alphas) for k in range(7)])
 
 
 @pytest.mark.parametrize("draft_cost", [1e-3, 8e-3])

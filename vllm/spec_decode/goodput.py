@@ -116,10 +116,6 @@ class CostCurve:
         """Whether size's bucket counts (holds two measurements or more)."""
         return self._bucket(size) in self._bucket_points
 
-    def points(self) -> list[tuple[float, float]]:
-        """(mean size, lower-quartile seconds) per bucket that counts, by size."""
-        return list(zip(self._xs, self._ys))
-
     def estimate(self, size: float) -> Optional[float]:
         """The modelled seconds at size (None before any bucket counts); a decision asks the
         same few sizes dozens of times, so each answer is kept until the next record."""
@@ -300,24 +296,16 @@ class GoodputController:
         first = self.t_first.estimate(batch)
         return (draft if first is None else first) + (k - 1) * draft
 
-    def step_seconds(self, k: int, batch: int) -> Optional[float]:
-        """Modelled seconds of a decode step of batch requests drafting k each (None when the
-        plain step is not measured yet)."""
-        seconds = self.step_seconds_by_k(batch)
-        return None if seconds is None else seconds[k]
-
     def step_seconds_by_k(self, batch: int) -> Optional[list[float]]:
-        """step_seconds(k, batch) for k = 0..max_k, in one pass (each decision asks for all)."""
+        """For k = 0..max_k: the modelled seconds of a decode step of batch requests drafting k
+        each, t(k, B) of the module's docstring (None when the plain step is not measured
+        yet)."""
         plain = self.t_verify.estimate(batch)
         if plain is None:
             return None
         verify = self.t_verify.estimate
         return [plain] + [self.propose_seconds(k, batch) + max(plain, verify(batch * (k + 1)))
                           for k in range(1, self.max_k + 1)]
-
-    def goodput(self, k: int, alphas: list[float]) -> Optional[float]:
-        t = self.step_seconds(k, len(alphas))
-        return None if t is None else tokens_by_k(alphas, k)[k] / t
 
     def split_step_seconds(self, k: int, batch: int) -> Optional[float]:
         """Modelled seconds of a split step: half the batch is verified (k drafts each) while
