@@ -78,14 +78,21 @@ struct AttentionTask {
       const T* src = query + row_offset(task, q_start, group, r);
       for (int v = 0; v < kVecs; ++v) q[r][v] = load_float(src + v * kVecSize) * fVec(scale);
     }
+    // key j is seen by rows first_row(j).. (causal among the task's tokens); a cache row in fp32
+    auto first_row = [&](int64_t j) -> int64_t {
+      return j < first_visible ? 0 : (j - first_visible + 1) * group;
+    };
+    auto load_row = [&](const T* cache, int64_t j, fVec* dst) {
+      const T* src = cache_row(cache, task.kv_head, j);
+      for (int v = 0; v < kVecs; ++v) dst[v] = load_float(src + v * kVecSize);
+    };
     scores.resize(R * max_visible);
     for (int64_t j = 0; j < max_visible; ++j) {
-      const T* k = cache_row(key_cache, task.kv_head, j);
       fVec kv[kVecs];
-      for (int v = 0; v < kVecs; ++v) kv[v] = load_float(k + v * kVecSize);
-      const int64_t first_row = j < first_visible ? 0 : (j - first_visible + 1) * group;
-      for (int r = 0; r < R; ++r) {
-        if (r < first_row) continue;
+      load_row(key_cache, j, kv);
+      const int64_t seen_from = first_row(j);
+      for (int r = 0; r < R; ++r) {  // whole range: the loop unrolls, q stays in registers
+        if (r < seen_from) continue;
         fVec dot = q[r][0] * kv[0];
         for (int v = 1; v < kVecs; ++v) dot = at::vec::fmadd(q[r][v], kv[v], dot);
         scores[r * max_visible + j] = at::vec::vec_reduce_all<float>(
@@ -99,12 +106,11 @@ struct AttentionTask {
       for (int v = 0; v < kVecs; ++v) acc[r][v] = fVec(0.f);
     }
     for (int64_t j = 0; j < max_visible; ++j) {
-      const T* v_row = cache_row(value_cache, task.kv_head, j);
       fVec vv[kVecs];
-      for (int v = 0; v < kVecs; ++v) vv[v] = load_float(v_row + v * kVecSize);
-      const int64_t first_row = j < first_visible ? 0 : (j - first_visible + 1) * group;
+      load_row(value_cache, j, vv);
+      const int64_t seen_from = first_row(j);
       for (int r = 0; r < R; ++r) {
-        if (r < first_row) continue;
+        if (r < seen_from) continue;
         const fVec p(scores[r * max_visible + j]);
         for (int v = 0; v < kVecs; ++v) acc[r][v] = at::vec::fmadd(p, vv[v], acc[r][v]);
       }
