@@ -250,18 +250,18 @@ def main(args) -> dict:
     proposers = build_proposers(llm, names, args)
     engine.spec.controller = None  # every row measures its k as given (goodput rows aside)
     llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    rows_of = variants(proposers, engine.config.device.type)
+    synchronous = [(name, proposer) for name, proposer, _ in rows_of if not name.endswith("ahead")]
     runs = [("none", None, False, 0)]  # the same engine without speculation: the baseline
-    runs += [(name, proposer, ahead, k) for name, proposer, ahead in
-             variants(proposers, engine.config.device.type) for k in ks]
+    runs += [(name, proposer, ahead, k) for name, proposer, ahead in rows_of for k in ks]
     if args.adaptive:  # then each proposer once more, the goodput controller choosing k
-        goodput = [(name + "+goodput", proposer, False, max(ks)) for name, proposer, _ in
-                   variants(proposers, engine.config.device.type) if not name.endswith("ahead")]
+        goodput = [(name + "+goodput", proposer, False, max(ks)) for name, proposer in synchronous]
         # --adaptive-first: also before the fixed rows (does the order change its figures?)
         runs = (runs[:1] + [(n + " (first)", p, a, k) for n, p, a, k in goodput]
                 * args.adaptive_first + runs[1:] + goodput)
     if args.control_k:  # the same fixed k again last: did the machine change over the run?
-        runs += [(name + " (again)", proposer, False, args.control_k) for name, proposer, _ in
-                 variants(proposers, engine.config.device.type) if not name.endswith("ahead")]
+        runs += [(name + " (again)", proposer, False, args.control_k)
+                 for name, proposer in synchronous]
     rows = timed_rows(llm, runs, prompts, params, args)
     plain = rows[0].pop("outputs")
     prompt_tokens = sum(len(o.prompt_token_ids) for o in plain) / len(plain)
