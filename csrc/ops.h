@@ -24,6 +24,13 @@
      block_size, head_size] at slot_mapping [num_tokens] (block * block_size + offset; <0 skips) */ \
   void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,  \
                          at::Tensor& value_cache, const at::Tensor& slot_mapping);               \
+  /* rotary_embedding of query and key, then reshape_and_cache of the rotated key and value;  \
+     key/value [num_tokens, num_kv_heads, head_size] with each row's heads adjacent */           \
+  void rotary_embedding_and_cache(const at::Tensor& positions, at::Tensor& query,                \
+                                  at::Tensor& key, const at::Tensor& value, int64_t head_size,   \
+                                  const at::Tensor& cos_sin_cache, bool is_neox,                 \
+                                  at::Tensor& key_cache, at::Tensor& value_cache,                \
+                                  const at::Tensor& slot_mapping);                               \
   /* for each layer, copies cache block src -> dst for each row of block_mapping [n, 2] */       \
   void copy_blocks(const std::vector<at::Tensor>& key_caches,                                    \
                    const std::vector<at::Tensor>& value_caches, const at::Tensor& block_mapping); \
@@ -37,7 +44,10 @@
   /* a decode step's matmul of few rows: out [M, N] = input [M, K] @ weight [N, K]^T (+ bias     \
      [N]); fp32 sums, cost ~ the weight bytes (each weight byte read once for all M rows) */     \
   void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,          \
-                    const std::optional<at::Tensor>& bias);
+                    const std::optional<at::Tensor>& bias);                                      \
+  /* linear_small of silu_and_mul(gate_up): gate_up [M, 2 K] (gate then up), weight [N, K] */    \
+  void gated_linear_small(at::Tensor& out, const at::Tensor& gate_up, const at::Tensor& weight,  \
+                          const std::optional<at::Tensor>& bias);
 
 namespace vllm_cpu {
 VLLM_KERNEL_DECLARATIONS

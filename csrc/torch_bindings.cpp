@@ -14,6 +14,10 @@ TORCH_LIBRARY(_C, m) {
       "reshape_and_cache(Tensor key, Tensor value, Tensor! key_cache, Tensor! value_cache, "
       "Tensor slot_mapping) -> ()");
   m.def(
+      "rotary_embedding_and_cache(Tensor positions, Tensor! query, Tensor! key, Tensor value, "
+      "int head_size, Tensor cos_sin_cache, bool is_neox, Tensor! key_cache, "
+      "Tensor! value_cache, Tensor slot_mapping) -> ()");
+  m.def(
       "copy_blocks(Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, Tensor block_mapping) "
       "-> ()");
   m.def(
@@ -22,6 +26,7 @@ TORCH_LIBRARY(_C, m) {
       "float scale) -> ()");
   // a decode step of few rows (linear_small on both devices, decode_layers on the CPU only)
   m.def("linear_small(Tensor! out, Tensor input, Tensor weight, Tensor? bias) -> ()");
+  m.def("gated_linear_small(Tensor! out, Tensor gate_up, Tensor weight, Tensor? bias) -> ()");
   m.def(
       "decode_layers(Tensor! hidden, Tensor positions, Tensor[] weights, Tensor final_norm, "
       "Tensor cos_sin_cache, Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, "
@@ -36,9 +41,11 @@ TORCH_LIBRARY(_C, m) {
   m.impl("silu_and_mul", &ns::silu_and_mul);                  \
   m.impl("rotary_embedding", &ns::rotary_embedding);          \
   m.impl("reshape_and_cache", &ns::reshape_and_cache);        \
+  m.impl("rotary_embedding_and_cache", &ns::rotary_embedding_and_cache); \
   m.impl("copy_blocks", &ns::copy_blocks);                    \
   m.impl("paged_attention", &ns::paged_attention);            \
-  m.impl("linear_small", &ns::linear_small)
+  m.impl("linear_small", &ns::linear_small);                  \
+  m.impl("gated_linear_small", &ns::gated_linear_small)
 
 TORCH_LIBRARY_IMPL(_C, CPU, m) {
   VLLM_REGISTER_KERNELS(m, vllm_cpu);

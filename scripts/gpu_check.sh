@@ -7,8 +7,7 @@
 #   (spin: the trained pair's CPU draft sleeping vs busy-waiting between proposals, after pair)
 #   (goodput: a never-accepted CPU draft vs plain at GOODPUT_BATCHES, per GOODPUT_MODES (the
 #   drafter spinning or not, its cores); profile: the target step by kernel at PROFILE_SHAPES x
-#   PROFILE_BATCHES, each VLLM_CUDA_GEMV value in PROFILE_GEMV and VLLM_CUDA_ATTN_PARTS value in
-#   PROFILE_ATTN_PARTS, benchmarks/profile_step.py;
+#   PROFILE_BATCHES, each setting of PROFILE_VARIANTS (below), benchmarks/profile_step.py;
 #   gemv: benchmarks/benchmark_gemv_cuda.py at GEMV_ROWS; draft: DRAFT_THREADS, DRAFT_PATHS,
 #   DRAFT_PROFILE=1 for an op profile of each shape's batch-8 step at all cores)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
@@ -265,19 +264,19 @@ if want profile; then
   echo "== the target step by kernel: decode (q=1) and verification (q=5), 7B / 13B / 34B shapes"
   for shape in ${PROFILE_SHAPES:-llama-2-7b llama-2-13b codellama-34b}; do
     "$PY" -m benchmarks.model_shapes $shape /tmp/$shape > /dev/null 2>&1
-    # PROFILE_GEMV: VLLM_CUDA_GEMV values to run (our GEMV for steps of <= 8 rows vs cuBLAS)
-    # PROFILE_ATTN_PARTS: VLLM_CUDA_ATTN_PARTS values (max: partitions sized for the captured
-    # max context; context: per sequence on the device)
-    for gemv in ${PROFILE_GEMV:-off}; do for parts in ${PROFILE_ATTN_PARTS:-max}; do
-      tag="${shape}_gemv${gemv}$([ $parts = max ] || echo _parts$parts)"
-      echo "-- $shape, VLLM_CUDA_GEMV=$gemv VLLM_CUDA_ATTN_PARTS=$parts"
-      VLLM_CUDA_GEMV=$gemv VLLM_CUDA_ATTN_PARTS=$parts "$PY" benchmarks/profile_step.py \
+    # PROFILE_VARIANTS: space-separated runs, each "default" or comma-joined VAR=value settings,
+    # e.g. "VLLM_CUDA_ATTN_COMBINE=kernel,VLLM_FUSED_ROTARY_CACHE=0 default" (VLLM_CUDA_GEMV,
+    # VLLM_CUDA_ATTN_PARTS, VLLM_CUDA_ATTN_COMBINE, VLLM_FUSED_ROTARY_CACHE: vllm/envs.py)
+    for variant in ${PROFILE_VARIANTS:-default}; do
+      tag="${shape}_$(echo "$variant" | tr ',=' '_-')"
+      echo "-- $shape, $variant"
+      env $([ "$variant" = default ] || echo "$variant" | tr ',' ' ') "$PY" benchmarks/profile_step.py \
         --model /tmp/$shape --load-format dummy \
         --dtype bfloat16 --max-model-len 1024 --gpu-memory-utilization 0.8 \
         --shapes "${PROFILE_BATCHES:-1x1,1x5,16x1,16x5,32x1}" \
         --output-json "$OUT_DIR/profile_$tag.json" > "$OUT_DIR/profile_$tag.log" 2>&1 || status=1
       grep -v "INFO\|WARNING" "$OUT_DIR/profile_$tag.log" | tail -48
-    done; done
+    done
   done
 fi
 if want gemv; then

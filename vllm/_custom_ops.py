@@ -16,7 +16,7 @@ except ImportError as e:  # a source tree that was never built
 
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
-            "reshape_and_cache", "copy_blocks", "paged_attention")
+            "reshape_and_cache", "rotary_embedding_and_cache", "copy_blocks", "paged_attention")
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,6 +73,16 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     _call("reshape_and_cache", key.device, key, value, key_cache, value_cache, slot_mapping)
 
 
+def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                               value: torch.Tensor, head_size: int, cos_sin_cache: torch.Tensor,
+                               is_neox: bool, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                               slot_mapping: torch.Tensor) -> None:
+    """rotary_embedding(query, key) then reshape_and_cache(key, value) in one call (one launch
+    on CUDA); key/value [num_tokens, num_kv_heads, head_size], each row's heads adjacent."""
+    _call("rotary_embedding_and_cache", query.device, positions, query, key, value, head_size,
+          cos_sin_cache, is_neox, key_cache, value_cache, slot_mapping)
+
+
 def copy_blocks(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],
                 block_mapping: torch.Tensor) -> None:
     _call("copy_blocks", block_mapping.device, key_caches, value_caches, block_mapping)
@@ -95,6 +105,13 @@ def linear_small(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
     """out [M, N] = input [M, K] @ weight [N, K]^T (+ bias); for few rows (the CPU's up to ~32,
     CUDA's up to 8 per pass over the weights). CPU: fp32, bf16; CUDA: fp32, fp16, bf16."""
     _call("linear_small", input.device, out, input, weight, bias)
+
+
+def gated_linear_small(out: torch.Tensor, gate_up: torch.Tensor, weight: torch.Tensor,
+                       bias: "torch.Tensor | None" = None) -> None:
+    """out [M, N] = silu_and_mul(gate_up [M, 2 K]) @ weight [N, K]^T (+ bias): the MLP's down
+    projection with its activation (on CUDA, 1-2 rows: applied by the GEMV as it loads)."""
+    _call("gated_linear_small", gate_up.device, out, gate_up, weight, bias)
 
 
 def decode_layers(hidden: torch.Tensor, positions: torch.Tensor, weights: list[torch.Tensor],

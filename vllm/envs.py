@@ -32,6 +32,12 @@ def _attn_parts(raw: str) -> str:
     return raw.lower()
 
 
+def _attn_combine(raw: str) -> str:
+    if raw.lower() not in ("last-block", "kernel"):
+        raise ValueError("expected last-block or kernel")
+    return raw.lower()
+
+
 # name -> (parser, default, description)
 _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_TARGET_DEVICE": (str.lower, "auto",
@@ -53,6 +59,20 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                              "graph captures them; context sizes them per sequence on the device "
                              "from its own context (a short context over as many blocks as a "
                              "long one; not yet measured on a GPU)"),
+    "VLLM_CUDA_ATTN_COMBINE": (_attn_combine, "last-block",
+                               "how CUDA paged attention merges its key partitions (read by the "
+                               "kernel at each call): last-block (the last block of each query "
+                               "tile to finish merges them, one launch) or kernel (a second "
+                               "launch, the combine kernel)"),
+    "VLLM_FUSED_ROTARY_CACHE": (_flag, True,
+                                "the attention layers rotate queries and keys and write the "
+                                "paged cache in one vllm._C call (one CUDA launch instead of "
+                                "two); off: rotary_embedding, then reshape_and_cache"),
+    "VLLM_FUSED_SILU_DOWN": (_flag, True,
+                             "CUDA MLPs whose down projection takes the GEMV (VLLM_CUDA_GEMV) "
+                             "apply silu(gate) * up inside it as it loads its input "
+                             "(gated_linear_small; one launch instead of two); off: "
+                             "silu_and_mul, then the down projection"),
     "VLLM_MODEL_CACHE": (str, "", "where fetched GGUF models are cached; default "
                          "~/.cache/vllm-hetero/models"),
     "VLLM_LOGGING_LEVEL": (str.upper, "INFO", "log level of the vllm logger"),

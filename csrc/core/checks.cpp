@@ -97,6 +97,22 @@ void check_reshape_and_cache_args(const at::Tensor& key, const at::Tensor& value
               slot_mapping.sizes());
 }
 
+int64_t check_rotary_embedding_and_cache_args(const at::Tensor& positions, const at::Tensor& query,
+                                              const at::Tensor& key, const at::Tensor& value,
+                                              int64_t head_size, const at::Tensor& cos_sin_cache,
+                                              const at::Tensor& key_cache,
+                                              const at::Tensor& value_cache,
+                                              const at::Tensor& slot_mapping) {
+  check_reshape_and_cache_args(key, value, key_cache, value_cache, slot_mapping);
+  TORCH_CHECK(key.size(2) == head_size, "key [num_tokens, num_kv_heads, head_size] has shape ",
+              key.sizes(), ", not head_size ", head_size);
+  TORCH_CHECK(key.size(1) <= 1 || key.stride(1) == head_size,
+              "key's heads must be adjacent in each row (stride ", head_size, "), got stride ",
+              key.stride(1));
+  return check_rotary_embedding_args(positions, query, key.flatten(1), head_size,
+                                     cos_sin_cache).first;
+}
+
 void check_copy_blocks_args(const std::vector<at::Tensor>& key_caches,
                             const std::vector<at::Tensor>& value_caches,
                             const at::Tensor& block_mapping) {
@@ -159,6 +175,14 @@ void check_paged_attention_args(const at::Tensor& out, const at::Tensor& query,
               " rows but context_lens has ", num_seqs, " sequences");
   TORCH_CHECK(query_start_loc.size(0) == num_seqs + 1, "query_start_loc must have num_seqs + 1 = ",
               num_seqs + 1, " entries, got ", query_start_loc.size(0));
+}
+
+void check_gated_linear_small_args(const at::Tensor& out, const at::Tensor& gate_up,
+                                   const at::Tensor& weight, const at::Tensor* bias) {
+  TORCH_CHECK(gate_up.dim() == 2 && weight.dim() == 2 && gate_up.size(1) == 2 * weight.size(1),
+              "gated_linear_small: gate_up must be [M, 2 x ", weight.dim() == 2 ? weight.size(1) : 0,
+              "] (gate then up for weight's features), got ", gate_up.sizes());
+  check_linear_small_args(out, gate_up.narrow(1, 0, weight.size(1)), weight, bias);
 }
 
 void check_linear_small_args(const at::Tensor& out, const at::Tensor& input,

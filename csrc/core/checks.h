@@ -33,6 +33,14 @@ std::pair<int64_t, int64_t> check_rotary_embedding_args(const at::Tensor& positi
 void check_reshape_and_cache_args(const at::Tensor& key, const at::Tensor& value,
                                   const at::Tensor& key_cache, const at::Tensor& value_cache,
                                   const at::Tensor& slot_mapping);
+// key/value as for reshape_and_cache, with key's heads adjacent (its rows rotate in place as
+// [num_tokens, num_kv_heads * head_size]); returns num_heads.
+int64_t check_rotary_embedding_and_cache_args(const at::Tensor& positions, const at::Tensor& query,
+                                              const at::Tensor& key, const at::Tensor& value,
+                                              int64_t head_size, const at::Tensor& cos_sin_cache,
+                                              const at::Tensor& key_cache,
+                                              const at::Tensor& value_cache,
+                                              const at::Tensor& slot_mapping);
 void check_copy_blocks_args(const std::vector<at::Tensor>& key_caches,
                             const std::vector<at::Tensor>& value_caches,
                             const at::Tensor& block_mapping);
@@ -43,5 +51,7 @@ void check_paged_attention_args(const at::Tensor& out, const at::Tensor& query,
 // bias: null when there is none.
 void check_linear_small_args(const at::Tensor& out, const at::Tensor& input,
                              const at::Tensor& weight, const at::Tensor* bias);
+void check_gated_linear_small_args(const at::Tensor& out, const at::Tensor& gate_up,
+                                   const at::Tensor& weight, const at::Tensor* bias);
 
 }  // namespace vllm

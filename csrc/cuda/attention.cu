@@ -1,4 +1,5 @@
-// paged_attention on CUDA: split-K flash attention over paged K/V blocks, then a combine pass.
+// paged_attention on CUDA: split-K flash attention over paged K/V blocks; the partitions are
+// merged by the last block of each to finish, or by a combine pass.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -6,7 +7,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
 
 #include "core/checks.h"
 #include "cuda/dispatch.h"
@@ -71,6 +75,9 @@ struct Params {
   int num_parts, part_size;
   float scale_log2;  // scale * log2(e): scores live in log2 units for exp2f
   int parts_by_context;  // partitions sized per sequence on the device (part_keys)
+  // [items * num_kv_heads] arrival counts, zero between launches: with them the last block of
+  // each (row tile, kv head) to finish merges the partitions itself; null: the combine kernel
+  int* counters;
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -135,12 +142,42 @@ __device__ int2 find_item(const Params& p, int x, int rows_per_tile) {
   return make_int2(-1, 0);
 }
 
-// grid (items, partitions, kv heads): item x is a tile of kRows rows r = i * group + g of one
-// sequence's q_len tokens i (find_item); partition y covers keys [y, y + 1) * part_keys. The
-// block loads each K/V tile once for all its rows and keeps a running (max m, sum l, output)
-// per row, flash-attention style.
+// Merges the partitions that row idx (token * num_heads + head) sees, vis keys in partitions of
+// part_size, into out (a warp's work): out = sum_p l_p 2^(m_p - M) o_p / sum_p l_p 2^(m_p - M).
+// The partials are read from L2 (__ldcg): other blocks wrote them.
+template <typename T, int HS>
+__device__ void combine_row(const Params& p, int64_t idx, int vis, int part_size, int lane) {
+  const int parts = vis <= 0 ? 0 : (vis + part_size - 1) / part_size;
+  const float2* ml = reinterpret_cast<const float2*>(p.ws_ml) + idx * p.num_parts;
+  float m = -INFINITY, w = 0.f;
+  for (int i = lane; i < parts; i += 32) m = fmaxf(m, __ldcg(ml + i).x);
+  m = warp_max(m);
+  for (int i = lane; i < parts; i += 32) {
+    const float2 v = __ldcg(ml + i);
+    w += v.y * exp2f(v.x - m);
+  }
+  w = warp_sum(w);
+  constexpr int kPer = (HS + 31) / 32;
+  float acc[kPer] = {};
+  for (int i = 0; i < parts; ++i) {
+    const float2 v = __ldcg(ml + i);
+    const float wi = v.y * exp2f(v.x - m) / w;
+    const float* o = p.ws_o + (idx * p.num_parts + i) * HS;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      if (lane + 32 * k < HS) acc[k] += wi * __ldcg(o + lane + 32 * k);
+    }
+  }
+  T* out = static_cast<T*>(p.out) + idx * HS;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    if (lane + 32 * k < HS) out[lane + 32 * k] = static_cast<T>(acc[k]);
+  }
+}
+
+// One block's partition of keys for rows row0 .. of sequence seq (paged_attention_kernel).
 template <typename T, int HS, int ROWS>
-__global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params p) {
+__device__ __forceinline__ void attend(const Params& p, int seq, int row0) {
   using C = Cfg<T, HS, ROWS>;
   using P = Pack<T, C::kVec>;
   constexpr int R = C::kRows;
@@ -154,19 +191,11 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
   float* l_s = m_s + R;
   float* alpha_s = l_s + R;
   int* vis_s = reinterpret_cast<int*>(alpha_s + R);
-  __shared__ int2 item;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int part = blockIdx.y, kv_head = blockIdx.z;
-  if (warp == 0) {
-    const int2 found = find_item(p, blockIdx.x, R);
-    if (lane == 0) item = found;
-  }
-  __syncthreads();
-  const int seq = item.x;
-  if (seq < 0) return;  // the grid over-counts items
   const int q_start = p.query_start_loc[seq], q_len = p.query_start_loc[seq + 1] - q_start;
   const int ctx = p.context_lens[seq];
-  const int row0 = item.y * R, rows = min(R, q_len * p.group - row0);
+  const int rows = min(R, q_len * p.group - row0);
   const int part_size = part_keys(p, ctx);
   const int key_begin = part * part_size;
   const int key_end = min(key_begin + part_size,
@@ -349,8 +378,52 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
   }
 }
 
-// grid (ceil(num_tokens * num_heads / kWarps)); a warp per (token, head) merges the partitions
-// its row sees: out = sum_p l_p 2^(m_p - M) o_p / sum_p l_p 2^(m_p - M).
+// With counters: the block that completes a (row tile, kv head) merges its rows' partitions.
+// Every block of the tile arrives once, with or without keys of its own; each thread's partial
+// writes are fenced before the arrival, the last block resets the count for the next launch.
+template <typename T, int HS, int ROWS>
+__device__ __forceinline__ void combine_if_last(const Params& p, int seq, int row0) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* count = p.counters + static_cast<int64_t>(blockIdx.x) * gridDim.z + blockIdx.z;
+    last = atomicAdd(count, 1) == static_cast<int>(gridDim.y) - 1;
+    if (last) atomicExch(count, 0);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int q_start = p.query_start_loc[seq], q_len = p.query_start_loc[seq + 1] - q_start;
+  const int ctx = p.context_lens[seq], part_size = part_keys(p, ctx);
+  const int rows = min(ROWS, q_len * p.group - row0);
+  for (int r = threadIdx.x / 32; r < rows; r += kWarps) {
+    const int row = row0 + r, i = row / p.group;
+    const int64_t idx = static_cast<int64_t>(q_start + i) * p.num_heads +
+                        blockIdx.z * p.group + row % p.group;
+    combine_row<T, HS>(p, idx, visible_keys(p, ctx, q_len, i), part_size, threadIdx.x % 32);
+  }
+}
+
+// grid (items, partitions, kv heads): item x is a tile of kRows rows r = i * group + g of one
+// sequence's q_len tokens i (find_item); partition y covers keys [y, y + 1) * part_keys. The
+// block loads each K/V tile once for all its rows and keeps a running (max m, sum l, output)
+// per row, flash-attention style.
+template <typename T, int HS, int ROWS>
+__global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params p) {
+  __shared__ int2 item;
+  if (threadIdx.x < 32) {
+    const int2 found = find_item(p, blockIdx.x, ROWS);
+    if (threadIdx.x == 0) item = found;
+  }
+  __syncthreads();
+  const int seq = item.x, row0 = item.y * ROWS;
+  if (seq < 0) return;  // the grid over-counts items (no block of such an item arrives)
+  attend<T, HS, ROWS>(p, seq, row0);
+  if (p.counters != nullptr) combine_if_last<T, HS, ROWS>(p, seq, row0);
+}
+
+// Without counters: grid (ceil(num_tokens * num_heads / kWarps)); a warp per (token, head).
 template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const Params p) {
   const int lane = threadIdx.x % 32;
@@ -366,33 +439,43 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const Params p) {
   }
   if (lo == p.num_seqs) return;  // past every sequence's tokens (padding): left untouched
   const int ctx = p.context_lens[lo];
-  const int vis = visible_keys(p, ctx, qsl[lo + 1] - qsl[lo], token - qsl[lo]);
-  const int part_size = part_keys(p, ctx);
-  const int parts = vis <= 0 ? 0 : (vis + part_size - 1) / part_size;
-  const float2* ml = reinterpret_cast<const float2*>(p.ws_ml) + idx * p.num_parts;
-  float m = -INFINITY, w = 0.f;
-  for (int i = lane; i < parts; i += 32) m = fmaxf(m, ml[i].x);
-  m = warp_max(m);
-  for (int i = lane; i < parts; i += 32) w += ml[i].y * exp2f(ml[i].x - m);
-  w = warp_sum(w);
-  constexpr int kPer = (HS + 31) / 32;
-  float acc[kPer] = {};
-  for (int i = 0; i < parts; ++i) {
-    const float wi = ml[i].y * exp2f(ml[i].x - m) / w;
-    const float* o = p.ws_o + (idx * p.num_parts + i) * HS;
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      if (lane + 32 * k < HS) acc[k] += wi * o[lane + 32 * k];
-    }
-  }
-  T* out = static_cast<T*>(p.out) + idx * HS;
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    if (lane + 32 * k < HS) out[lane + 32 * k] = static_cast<T>(acc[k]);
-  }
+  combine_row<T, HS>(p, idx, visible_keys(p, ctx, qsl[lo + 1] - qsl[lo], token - qsl[lo]),
+                     part_keys(p, ctx), lane);
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// VLLM_CUDA_ATTN_COMBINE: last-block (default: the last block of each row tile and kv head
+// merges the partitions, no second launch) or kernel (the combine kernel). Read at every call.
+bool combine_in_last_block() {
+  const char* v = std::getenv("VLLM_CUDA_ATTN_COMBINE");
+  const std::string mode = v == nullptr ? "last-block" : v;
+  TORCH_CHECK(mode == "last-block" || mode == "kernel",
+              "VLLM_CUDA_ATTN_COMBINE must be last-block or kernel, got '", mode, "'");
+  return mode == "last-block";
+}
+
+// The arrival counters of a device, at least `needed` of them, or null when they would have to
+// grow inside a CUDA graph capture (cudaMalloc is not allowed there: that launch then takes the
+// combine kernel). One array per device, zeroed once, left zero by every launch; a grown array
+// replaces the old without freeing it (graphs captured earlier keep using theirs). Launches that
+// share an array must not run at the same time: the engine runs one forward at a time.
+int* arrival_counters(int64_t needed, int device, cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::unordered_map<int, std::pair<int*, int64_t>> arrays;  // device -> (array, size)
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::pair<int*, int64_t>& a = arrays[device];
+  if (a.second >= needed) return a.first;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return nullptr;
+  const int64_t size = std::max<int64_t>(needed, int64_t{1} << 16);
+  int* array = nullptr;
+  C10_CUDA_CHECK(cudaMalloc(&array, size * sizeof(int)));
+  C10_CUDA_CHECK(cudaMemsetAsync(array, 0, size * sizeof(int), stream));
+  a = {array, size};
+  return array;
+}
 
 template <typename T, int HS, int ROWS>
 void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStream_t stream) {
@@ -419,13 +502,16 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
     p.ws_o = ws.data_ptr<float>();
     p.ws_ml = p.ws_o + slots * HS;
   }
+  if (p.num_parts > 1 && combine_in_last_block()) {
+    p.counters = arrival_counters(items * p.num_kv_heads, query.get_device(), stream);
+  }
   auto kernel = paged_attention_kernel<T, HS, ROWS>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(C::kBytes)));
   const dim3 grid(static_cast<unsigned>(items), p.num_parts, p.num_kv_heads);
   kernel<<<grid, kThreads, C::kBytes, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (p.num_parts > 1) {
+  if (p.num_parts > 1 && p.counters == nullptr) {
     const int64_t blocks = ceil_div(static_cast<int64_t>(p.num_tokens) * p.num_heads, kWarps);
     combine_kernel<T, HS><<<blocks, kThreads, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -484,7 +570,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
            static_cast<int>(num_tokens), static_cast<int>(num_heads), num_kv_heads,
            static_cast<int>(num_heads) / num_kv_heads, static_cast<int>(key_cache.size(2)),
            static_cast<int>(block_tables.size(1)), 0, 0, static_cast<float>(scale) * kLog2e,
-           parts_by_context()};
+           parts_by_context(), nullptr};
   const c10::cuda::OptionalCUDAGuard guard(device_of(query));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   VLLM_CUDA_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {

@@ -33,6 +33,7 @@
 
 #include "core/checks.h"
 #include "cuda/dispatch.h"
+#include "cuda/silu.cuh"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -127,8 +128,9 @@ __device__ __forceinline__ void halve(float* a, int lane) {
 constexpr int pow2_at_least(int v) { return v <= 1 ? 1 : 2 * pow2_at_least((v + 1) / 2); }
 
 // The FMA kernel. grid: ceil(N / kRows) blocks; block b owns rows b * kRows .. + kRows of weight
-// and out.
-template <typename T, int M, bool kVector>
+// and out. kGated: each input row is [gate | up], 2 K wide, and the kernel multiplies by
+// silu_mul(gate, up) as it loads them (gated_linear_small), rounded as silu_and_mul rounds.
+template <typename T, int M, bool kVector, bool kGated>
 __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params p) {
   constexpr int E = kVector ? 16 / sizeof(T) : 1;  // elements per chunk
   constexpr int W = kVector ? 4 : 1;               // 32-bit words per chunk
@@ -175,6 +177,14 @@ __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params 
         load_chunk<T, kVector, false>(x + m * p.ldi + c * E, xw);
         float xf[E];
         widen<T, kVector>(xw, xf);
+        if constexpr (kGated) {
+          uint32_t uw[W];
+          load_chunk<T, kVector, false>(x + m * p.ldi + p.k + c * E, uw);
+          float uf[E];
+          widen<T, kVector>(uw, uf);
+#pragma unroll
+          for (int e = 0; e < E; ++e) xf[e] = static_cast<float>(silu_mul<T>(xf[e], uf[e]));
+        }
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
 #pragma unroll
@@ -297,30 +307,42 @@ __global__ void __launch_bounds__(kMmaWarps * 32) linear_small_mma_kernel(const 
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+// The FMA kernel's block: enough threads for kUnroll chunks each across a row of k, a power of
+// two from 32 to kMaxThreads.
+int fma_threads(int k, bool vec, int64_t elem_bytes) {
+  const int per_thread = kUnroll * (vec ? static_cast<int>(16 / elem_bytes) : 1);
+  int threads = 32;
+  while (threads < kMaxThreads && threads * per_thread < k) threads *= 2;
+  return threads;
+}
+
 // Launches the FMA kernel for M = rows (1..M).
-template <typename T, int M>
+template <typename T, int M, bool kGated>
 void launch_rows(const Params& p, int rows, bool vec, int threads, cudaStream_t stream) {
   if constexpr (M > 1) {
-    if (rows < M) return launch_rows<T, M - 1>(p, rows, vec, threads, stream);
+    if (rows < M) return launch_rows<T, M - 1, kGated>(p, rows, vec, threads, stream);
   }
   const dim3 grid((p.n + kRows - 1) / kRows);
-  auto kernel = vec ? linear_small_kernel<T, M, true> : linear_small_kernel<T, M, false>;
+  auto kernel = vec ? linear_small_kernel<T, M, true, kGated>
+                    : linear_small_kernel<T, M, false, kGated>;
   kernel<<<grid, threads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Whether input rows (and weight) allow the kernels' 16-byte loads.
+bool vector_loads(const at::Tensor& input, const at::Tensor& weight) {
+  const int64_t e = 16 / weight.element_size();
+  return weight.size(1) % e == 0 && (input.size(0) == 1 || input.stride(0) % e == 0) &&
+         aligned16(input.data_ptr()) && aligned16(weight.data_ptr());
 }
 
 template <typename T>
 void launch(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, const T* bias,
             cudaStream_t stream) {
-  constexpr int E = 16 / sizeof(T);
   const int64_t m_dim = input.size(0), ldi = input.stride(0), ldo = out.stride(0);
   const int k = static_cast<int>(weight.size(1));
-  const bool vec = k % E == 0 && (m_dim == 1 || ldi % E == 0) && aligned16(input.data_ptr()) &&
-                   aligned16(weight.data_ptr());
-  // enough threads for kUnroll chunks each across a row, a power of two from 32 to kMaxThreads
-  const int per_thread = kUnroll * (vec ? E : 1);
-  int threads = 32;
-  while (threads < kMaxThreads && threads * per_thread < k) threads *= 2;
+  const bool vec = vector_loads(input, weight);
+  const int threads = fma_threads(k, vec, sizeof(T));
   Params p{nullptr, nullptr, weight.data_ptr(), bias, ldo, ldi,
            static_cast<int>(weight.size(0)), k};
   for (int64_t m0 = 0; m0 < m_dim; m0 += kMaxM) {
@@ -335,7 +357,7 @@ void launch(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, 
         continue;
       }
     }
-    launch_rows<T, kMaxM>(p, rows, vec, threads, stream);
+    launch_rows<T, kMaxM, false>(p, rows, vec, threads, stream);
   }
 }
 
@@ -353,6 +375,32 @@ void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& we
   VLLM_CUDA_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "linear_small", [&] {
     launch<scalar_t>(out, input, weight, b != nullptr ? b->data_ptr<scalar_t>() : nullptr,
                      stream);
+  });
+}
+
+// The FMA kernel applies the activation while it loads its input: for the rows it is fastest at
+// (kMmaMinRows - 1 and fewer) with 16-byte loads; otherwise silu_and_mul, then linear_small.
+void gated_linear_small(at::Tensor& out, const at::Tensor& gate_up, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& bias) {
+  const at::Tensor* b = bias.has_value() && bias->defined() ? &*bias : nullptr;
+  vllm::check_gated_linear_small_args(out, gate_up, weight, b);
+  if (out.numel() == 0) return;
+  const int64_t k = weight.size(1);
+  if (gate_up.size(0) >= kMmaMinRows || !vector_loads(gate_up, weight)) {
+    at::Tensor act = at::empty({gate_up.size(0), k}, gate_up.options());
+    silu_and_mul(act, gate_up.contiguous());
+    return linear_small(out, act, weight, bias);
+  }
+  const c10::cuda::OptionalCUDAGuard guard(device_of(gate_up));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  VLLM_CUDA_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "gated_linear_small", [&] {
+    const Params p{out.data_ptr(), gate_up.data_ptr(), weight.data_ptr(),
+                   b != nullptr ? b->data_ptr() : nullptr, out.stride(0), gate_up.stride(0),
+                   static_cast<int>(weight.size(0)), static_cast<int>(k)};
+    launch_rows<scalar_t, kMmaMinRows - 1, true>(p, static_cast<int>(gate_up.size(0)), true,
+                                                 fma_threads(static_cast<int>(k), true,
+                                                             sizeof(scalar_t)),
+                                                 stream);
   });
 }
 

@@ -94,12 +94,17 @@ def test_paged_attention_few_rows_on_average_with_a_longer_query(device, num_hea
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("parts", ["max", "context"])
-def test_paged_attention_partitions_sized_for_a_longer_context(device, parts, monkeypatch):
+@pytest.mark.parametrize("combine", ["last-block", "kernel"])
+def test_paged_attention_partitions_sized_for_a_longer_context(device, parts, combine,
+                                                               monkeypatch):
     """As under a CUDA graph captured for the longest context: max_context_len far above the
     sequences' own, the CUDA kernel's partitions sized for it or per sequence on the device
-    (VLLM_CUDA_ATTN_PARTS; the CPU kernel has no partitions): decode, verification, GQA."""
+    (VLLM_CUDA_ATTN_PARTS) and merged by their last block or a second kernel
+    (VLLM_CUDA_ATTN_COMBINE; the CPU kernel has no partitions): decode, verification, GQA.
+    Each call runs 2-3 launches in a row: the arrival counts start from zero every time."""
     monkeypatch.setenv("VLLM_CUDA_ATTN_PARTS", parts)
-    assert envs.VLLM_CUDA_ATTN_PARTS == parts
+    monkeypatch.setenv("VLLM_CUDA_ATTN_COMBINE", combine)
+    assert envs.VLLM_CUDA_ATTN_PARTS == parts and envs.VLLM_CUDA_ATTN_COMBINE == combine
     run_and_compare([1, 17, 64, 300, 33, 129], [1] * 6, 32, 32, 128, 16, device, 2048)
     run_and_compare([5, 40, 129, 517], [5] * 4, 16, 4, 128, 16, device, 4096)
     run_and_compare([3, 64, 65, 1000], [1, 2, 1, 3], 12, 2, 64, 32, device, 1024)
@@ -111,6 +116,36 @@ def test_paged_attention_rejects_an_unknown_partition_mode(device, monkeypatch):
     batch = make_batch([10], [1], 4, 4, 64, 16, torch.float16, device)
     with pytest.raises(RuntimeError, match="VLLM_CUDA_ATTN_PARTS must be max or context"):
         ops.paged_attention(torch.empty_like(batch[0]), *batch, 10, 0.125)
+
+
+@pytest.mark.parametrize("device", DEVICES[1:])
+def test_paged_attention_rejects_an_unknown_combine_mode(device, monkeypatch):
+    monkeypatch.setenv("VLLM_CUDA_ATTN_COMBINE", "tree")
+    batch = make_batch([10], [1], 4, 4, 64, 16, torch.float16, device)
+    with pytest.raises(RuntimeError, match="VLLM_CUDA_ATTN_COMBINE must be last-block or kernel"):
+        ops.paged_attention(torch.empty_like(batch[0]), *batch, 10, 0.125)
+
+
+@pytest.mark.parametrize("device", DEVICES[1:])
+@pytest.mark.parametrize("combine", ["last-block", "kernel"])
+def test_paged_attention_replayed_in_a_cuda_graph(device, combine, monkeypatch):
+    """Captured once after a warm-up (which sizes the arrival counters), replayed with new
+    queries and context lengths: every replay equals the reference (the counters are left at
+    zero by each launch, also inside a graph)."""
+    monkeypatch.setenv("VLLM_CUDA_ATTN_COMBINE", combine)
+    query, kc, vc, tables, ctx, qsl = make_batch([300, 17, 64, 129], [1, 1, 2, 1], 16, 4, 128,
+                                                 16, torch.bfloat16, device)
+    out = torch.empty_like(query)
+    ops.paged_attention(out, query, kc, vc, tables, ctx, qsl, 1024, 128**-0.5)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.paged_attention(out, query, kc, vc, tables, ctx, qsl, 1024, 128**-0.5)
+    for lens in ([300, 17, 64, 129], [5, 200, 64, 1], [129, 129, 2, 290]):
+        query.copy_(torch.randn_like(query))
+        ctx.copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.replay()
+        ref = paged_attention_native(query, kc, vc, tables, ctx, qsl, 128**-0.5)
+        assert_close("paged_attention graph", out, ref, torch.bfloat16)
 
 
 @pytest.mark.parametrize("device", DEVICES)

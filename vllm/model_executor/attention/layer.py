@@ -1,4 +1,5 @@
-"""Attention layer: writes the step's new K/V into the paged cache, then attends over it.
+"""Attention layer: rotates the step's queries and keys, writes its new K/V into the paged cache
+(both in one vllm._C call where the op has a kernel), then attends over it.
 Prefill-only batches on the GPU use dense causal SDPA over the fresh K/V (flash); every other
 batch (decode, speculative verification, chunked prefill, and everything on the CPU) uses the
 paged_attention op of vllm._C."""
@@ -10,6 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.attention import paged_attention as pa
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
 
 # Dense prefill runs on flash (or memory-efficient) attention, never cuDNN's: cuDNN builds an
@@ -30,16 +32,23 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.layer_idx = layer_idx
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [num_tokens, num_heads * head_size], k/v [num_tokens, num_kv_heads * head_size]."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                rotary_emb: RotaryEmbedding) -> torch.Tensor:
+        """q [num_tokens, num_heads * head_size], k/v [num_tokens, num_kv_heads * head_size],
+        before the rotary embedding at positions [num_tokens]."""
         ctx = get_forward_context()
         md = ctx.attn_metadata
         key_cache, value_cache = ctx.kv_caches[self.layer_idx]
         num_tokens = q.shape[0]
+        if rotary_emb.fuses_cache_write(q):
+            k, v = (t.view(num_tokens, self.num_kv_heads, self.head_size) for t in (k, v))
+            rotary_emb.forward_with_cache(positions, q, k, v, key_cache, value_cache,
+                                          md.slot_mapping)
+        else:
+            q, k = rotary_emb(positions, q, k)
+            k, v = (t.view(num_tokens, self.num_kv_heads, self.head_size) for t in (k, v))
+            pa.write_to_paged_cache(k, v, key_cache, value_cache, md.slot_mapping)
         q = q.view(num_tokens, self.num_heads, self.head_size)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_size)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_size)
-        pa.write_to_paged_cache(k, v, key_cache, value_cache, md.slot_mapping)
         if md.prefill_only and q.is_cuda:
             out = self._dense_prefill(q, k, v, md.query_lens)
         else:

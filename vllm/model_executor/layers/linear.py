@@ -51,6 +51,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     return F.linear(x, weight, bias)
 
 
+def gated_linear(gate_up: torch.Tensor, weight: torch.Tensor,
+                 bias: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    """silu(gate) * up @ weight^T (+ bias) for gate_up [rows, 2 K] in one gated_linear_small
+    call, when the step takes the GEMV (cuda_gemv_applies) and VLLM_FUSED_SILU_DOWN is on; else
+    None: the caller applies the activation, then the linear layer."""
+    if (envs.VLLM_FUSED_SILU_DOWN and cuda_gemv_applies(gate_up, weight)
+            and gate_up.shape[1] == 2 * weight.shape[1] and (bias is None or bias.dtype == gate_up.dtype)):
+        out = torch.empty(gate_up.shape[0], weight.shape[0], dtype=gate_up.dtype,
+                          device=gate_up.device)
+        ops.gated_linear_small(out, gate_up, weight, None if bias is None else bias.contiguous())
+        return out
+    return None
+
+
 def _check_shape(loaded: torch.Tensor, expected: Sequence[int]) -> None:
     if tuple(loaded.shape) != tuple(expected):
         raise ValueError(f"has shape {tuple(loaded.shape)}, expected {tuple(expected)}")
@@ -135,7 +149,18 @@ class RowParallelLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return linear(x, self.weight, self.bias)
-        out = self.tp.all_reduce(linear(x, self.weight))
+        return self._sum_ranks(linear(x, self.weight))
+
+    def forward_gated(self, gate_up: torch.Tensor) -> Optional[torch.Tensor]:
+        """forward(silu(gate) * up) for gate_up [rows, 2 x this rank's inputs] in one call
+        (gated_linear), or None where that does not apply."""
+        if self.tp.size == 1:
+            return gated_linear(gate_up, self.weight, self.bias)
+        out = gated_linear(gate_up, self.weight)
+        return None if out is None else self._sum_ranks(out)
+
+    def _sum_ranks(self, partial: torch.Tensor) -> torch.Tensor:
+        out = self.tp.all_reduce(partial)
         return out if self.bias is None else out + self.bias
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,

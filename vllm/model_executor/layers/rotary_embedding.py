@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 
 from vllm import _custom_ops as ops
+from vllm import envs
 from vllm.model_executor.custom_op import CustomOp
 
 
@@ -54,6 +55,21 @@ class RotaryEmbedding(CustomOp):
         ops.rotary_embedding(positions, query, key, self.head_size, self.cos_sin_cache,
                              self.is_neox_style)
         return query, key
+
+    def fuses_cache_write(self, query: torch.Tensor) -> bool:
+        """Whether forward_with_cache serves query's device (VLLM_FUSED_ROTARY_CACHE on)."""
+        return (envs.VLLM_FUSED_ROTARY_CACHE
+                and ops.has_kernel("rotary_embedding_and_cache", query.device.type))
+
+    def forward_with_cache(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                           value: torch.Tensor, key_cache: torch.Tensor,
+                           value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Rotates query [num_tokens, num_heads * head_size] and key [num_tokens, num_kv_heads,
+        head_size] in place and writes key and value into the paged caches at slot_mapping:
+        forward_kernel and reshape_and_cache in one call."""
+        ops.rotary_embedding_and_cache(positions, query, key, value, self.head_size,
+                                       self.cos_sin_cache, self.is_neox_style, key_cache,
+                                       value_cache, slot_mapping)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         if ops.has_kernel(self.op_name, query.device.type):
