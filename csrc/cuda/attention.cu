@@ -75,6 +75,7 @@ struct Params {
   int num_parts, part_size;
   float scale_log2;  // scale * log2(e): scores live in log2 units for exp2f
   int parts_by_context;  // partitions sized per sequence on the device (part_keys)
+  int combine_last_block;  // VLLM_CUDA_ATTN_COMBINE: counters wanted when partitioned
   // [items * num_kv_heads] arrival counts, zero between launches: with them the last block of
   // each (row tile, kv head) to finish merges the partitions itself; null: the combine kernel
   int* counters;
@@ -502,7 +503,7 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
     p.ws_o = ws.data_ptr<float>();
     p.ws_ml = p.ws_o + slots * HS;
   }
-  if (p.num_parts > 1 && combine_in_last_block()) {
+  if (p.num_parts > 1 && p.combine_last_block) {
     p.counters = arrival_counters(items * p.num_kv_heads, query.get_device(), stream);
   }
   auto kernel = paged_attention_kernel<T, HS, ROWS>;
@@ -570,7 +571,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
            static_cast<int>(num_tokens), static_cast<int>(num_heads), num_kv_heads,
            static_cast<int>(num_heads) / num_kv_heads, static_cast<int>(key_cache.size(2)),
            static_cast<int>(block_tables.size(1)), 0, 0, static_cast<float>(scale) * kLog2e,
-           parts_by_context(), nullptr};
+           parts_by_context(), combine_in_last_block(), nullptr};
   const c10::cuda::OptionalCUDAGuard guard(device_of(query));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   VLLM_CUDA_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {

@@ -133,6 +133,9 @@ def test_model_step_same_with_the_fused_call_on_and_off(device, shape, monkeypat
         assert len(calls) == (config.num_hidden_layers if switch == "1" else 0)
     (h_on, c_on), (h_off, c_off) = out["1"], out["0"]
     assert_close("model step fused rotary+cache", h_on, h_off.double(), torch.float32)
+    # the first layer's values come straight from the embeddings: the same bits either way;
+    # later layers' inputs differ in the last bits where the CUDA kernels' rotations round apart
+    assert torch.equal(c_on[0][1], c_off[0][1])
     for (k_on, v_on), (k_off, v_off) in zip(c_on, c_off):
         assert_close("caches fused rotary+cache", k_on, k_off.double(), torch.float32)
-        assert torch.equal(v_on, v_off)
+        assert_close("caches fused rotary+cache", v_on, v_off.double(), torch.float32)
