@@ -64,6 +64,9 @@ def test_draft_process_greedy_equals_plain(reference, spec_target, spec_draft, d
         assert m.num_spec_steps > 0
         if draft == "self":
             assert m.acceptance_rate == 1.0
+        # the drafter's drafting-ahead counts reach the engine's side (benchmarks read them)
+        made = engine.proposer.ahead_stats["made"]
+        assert (made > 0) == (ahead == "on") and engine.proposer.ahead_stats["used"] <= made
     finally:
         engine.shutdown()
     assert engine.proposer.proc.poll() is not None  # shutdown stopped it

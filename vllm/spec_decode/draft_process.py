@@ -10,7 +10,8 @@ One message per engine step goes down the pipe, one comes back:
                         which to catch up on without drafting (a plain step: the engine reads
                         that answer later, never waiting for it)
     drafter -> engine   ("drafts", ids per request, draft probs per request or None, seconds
-                        the drafter spent drafting them, of which its first forward's)
+                        the drafter spent drafting them, of which its first forward's, its
+                        drafting-ahead totals so far {"made": n, "used": n})
                         then, with drafting ahead, the drafter drafts past its proposal while the
                         engine verifies it; the next DraftStep is read once that is done
 
@@ -130,7 +131,7 @@ def _drafter_main() -> None:
 
 def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
                 step: DraftStep) -> tuple[list[list[int]], list, Optional[float],
-                                          Optional[float]]:
+                                          Optional[float], dict[str, int]]:
     for req_id in step.frees:
         proposer.free(req_id)
         mirrors.pop(req_id, None)
@@ -146,7 +147,8 @@ def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
     reqs = [mirrors[req_id] for req_id, _ in step.proposals]
     proposal = proposer.propose(reqs, [k for _, k in step.proposals]).result()
     probs = [p.numpy() if p is not None else None for p in proposal.draft_probs]
-    return (proposal.draft_token_ids, probs, proposal.seconds, proposal.first_forward_seconds)
+    return (proposal.draft_token_ids, probs, proposal.seconds, proposal.first_forward_seconds,
+            dict(proposer.ahead_stats))
 
 
 class DraftProcessProposer(Proposer):
@@ -170,6 +172,10 @@ class DraftProcessProposer(Proposer):
         self.consecutive_failures = 0
         self.pid: Optional[int] = None
         self.ready = False
+        # drafts made ahead and used, as DraftModelProposer.ahead_stats (a caller may reset
+        # them), from the drafter's totals at its last answer (which restart with it)
+        self.ahead_stats = {"made": 0, "used": 0}
+        self.drafter_ahead_totals = dict(self.ahead_stats)
         self._start()
         self._wait_ready()
         # the engine keeps off the drafter's cores (an offline engine is otherwise unpinned, its
@@ -193,6 +199,7 @@ class DraftProcessProposer(Proposer):
         self.pending = DraftStep()
         self.feeding = None
         self.num_tokens_sent.clear()
+        self.drafter_ahead_totals = {key: 0 for key in self.drafter_ahead_totals}
 
     def _wait_ready(self) -> None:
         """The first start: an error (bad draft, vocabulary mismatch) is the user's."""
@@ -356,7 +363,10 @@ class DraftProcessProposer(Proposer):
                            "speculation", value[0])
             return empty
         self.consecutive_failures = 0
-        draft_ids, probs, seconds, first_forward_s = value
+        draft_ids, probs, seconds, first_forward_s, ahead_totals = value
+        for key, total in ahead_totals.items():
+            self.ahead_stats[key] += total - self.drafter_ahead_totals.get(key, 0)
+        self.drafter_ahead_totals = ahead_totals
         return Proposal(draft_ids, [torch.from_numpy(p) if p is not None else None
                                     for p in probs], seconds, first_forward_s)
 
