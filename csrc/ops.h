@@ -45,9 +45,9 @@
      [N]); fp32 sums, cost ~ the weight bytes (each weight byte read once for all M rows) */     \
   void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,          \
                     const std::optional<at::Tensor>& bias);                                      \
-  /* linear_small of silu_and_mul(gate_up): gate_up [M, 2 K] (gate then up), weight [N, K] */    \
-  void gated_linear_small(at::Tensor& out, const at::Tensor& gate_up, const at::Tensor& weight,  \
-                          const std::optional<at::Tensor>& bias);
+  /* silu_and_mul of linear_small: weight [2 I, K] (gate rows, then up rows), out [M, I] */      \
+  void linear_small_silu(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,     \
+                         const std::optional<at::Tensor>& bias);
 
 namespace vllm_cpu {
 VLLM_KERNEL_DECLARATIONS

@@ -107,11 +107,11 @@ def linear_small(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
     _call("linear_small", input.device, out, input, weight, bias)
 
 
-def gated_linear_small(out: torch.Tensor, gate_up: torch.Tensor, weight: torch.Tensor,
-                       bias: "torch.Tensor | None" = None) -> None:
-    """out [M, N] = silu_and_mul(gate_up [M, 2 K]) @ weight [N, K]^T (+ bias): the MLP's down
-    projection with its activation (on CUDA, 1-2 rows: applied by the GEMV as it loads)."""
-    _call("gated_linear_small", gate_up.device, out, gate_up, weight, bias)
+def linear_small_silu(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                      bias: "torch.Tensor | None" = None) -> None:
+    """out [M, I] = silu_and_mul(input [M, K] @ weight [2 I, K]^T (+ bias)): the MLP's gate/up
+    projection with its activation (on CUDA, 1-2 rows: applied by the GEMV to its own sums)."""
+    _call("linear_small_silu", input.device, out, input, weight, bias)
 
 
 def decode_layers(hidden: torch.Tensor, positions: torch.Tensor, weights: list[torch.Tensor],

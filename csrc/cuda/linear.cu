@@ -128,23 +128,35 @@ __device__ __forceinline__ void halve(float* a, int lane) {
 constexpr int pow2_at_least(int v) { return v <= 1 ? 1 : 2 * pow2_at_least((v + 1) / 2); }
 
 // The FMA kernel. grid: ceil(N / kRows) blocks; block b owns rows b * kRows .. + kRows of weight
-// and out. kGated: each input row is [gate | up], 2 K wide, and the kernel multiplies by
-// silu_mul(gate, up) as it loads them (gated_linear_small), rounded as silu_and_mul rounds.
-template <typename T, int M, bool kVector, bool kGated>
+// and out. kSilu (linear_small_silu): the weight is [gate; up], N = 2 I rows, and out [M, I] =
+// silu(gate) * up; block b owns output columns j = 2 b, 2 b + 1, i.e. weight rows j (gate) and
+// I + j (up), and applies the activation to its own sums, rounded as the GEMV's output and then
+// silu_and_mul round them. grid: ceil(I / 2) blocks.
+template <typename T, int M, bool kVector, bool kSilu>
 __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params p) {
   constexpr int E = kVector ? 16 / sizeof(T) : 1;  // elements per chunk
   constexpr int W = kVector ? 4 : 1;               // 32-bit words per chunk
   constexpr int V = M * kRows;                     // sums per block
   constexpr int P = pow2_at_least(V);
   static_assert(V <= 32, "one value per lane after the exchange");
+  static_assert(!kSilu || kRows % 2 == 0, "gate and up rows in pairs");
   const T* x = static_cast<const T*>(p.input);
-  const int n0 = blockIdx.x * kRows;
+  const int n0 = blockIdx.x * (kSilu ? kRows / 2 : kRows);  // first row (kSilu: column) owned
   const int chunks = p.k / E;  // per row
-  // the last block's rows past N read row N - 1 again and write nothing
+  // weight row of the block's row r; the last block's rows past N (kSilu: past I) read the last
+  // row again and write nothing
+  auto weight_row = [&](int r) {
+    if constexpr (kSilu) {
+      const int half = p.n / 2, j = min(n0 + r % (kRows / 2), half - 1);
+      return r < kRows / 2 ? j : half + j;
+    } else {
+      return min(n0 + r, p.n - 1);
+    }
+  };
   const T* rows[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    rows[r] = static_cast<const T*>(p.weight) + static_cast<int64_t>(min(n0 + r, p.n - 1)) * p.k;
+    rows[r] = static_cast<const T*>(p.weight) + static_cast<int64_t>(weight_row(r)) * p.k;
   }
 
   float acc[M][kRows];
@@ -177,14 +189,6 @@ __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params 
         load_chunk<T, kVector, false>(x + m * p.ldi + c * E, xw);
         float xf[E];
         widen<T, kVector>(xw, xf);
-        if constexpr (kGated) {
-          uint32_t uw[W];
-          load_chunk<T, kVector, false>(x + m * p.ldi + p.k + c * E, uw);
-          float uf[E];
-          widen<T, kVector>(uw, uf);
-#pragma unroll
-          for (int e = 0; e < E; ++e) xf[e] = static_cast<float>(silu_mul<T>(xf[e], uf[e]));
-        }
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
 #pragma unroll
@@ -208,19 +212,30 @@ __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params 
   if (lane % kSpan == 0) partial[warp][lane / kSpan] = v;
   __syncthreads();
   const int t = threadIdx.x;
-  if (t < V) {
-    const int n = n0 + t % kRows;
-    if (n < p.n) {
-      float sum = 0.f;
-      for (int i = 0; i < stride / 32; ++i) sum += partial[i][t];
-      if (p.bias != nullptr) {
-        float b;
-        const uint32_t bits = load_bits(static_cast<const T*>(p.bias) + n);
-        widen<T, false>(&bits, &b);
-        sum += b;
-      }
-      static_cast<T*>(p.out)[(t / kRows) * p.ldo + n] = static_cast<T>(sum);
+  // value t's total, bias added, rounded to T as the GEMV's output is
+  auto total = [&](int n) {
+    float sum = 0.f;
+    for (int i = 0; i < stride / 32; ++i) sum += partial[i][t];
+    if (p.bias != nullptr) {
+      float b;
+      const uint32_t bits = load_bits(static_cast<const T*>(p.bias) + n);
+      widen<T, false>(&bits, &b);
+      sum += b;
     }
+    return static_cast<T>(sum);
+  };
+  if constexpr (kSilu) {
+    __shared__ float rounded[V];  // the gate and up totals, as T
+    if (t < V) rounded[t] = static_cast<float>(total(weight_row(t % kRows)));
+    __syncthreads();
+    const int m = t / (kRows / 2), r = t % (kRows / 2), j = n0 + r;
+    if (m < M && j < p.n / 2) {
+      static_cast<T*>(p.out)[m * p.ldo + j] =
+          silu_mul<T>(rounded[m * kRows + r], rounded[m * kRows + kRows / 2 + r]);
+    }
+  } else {
+    const int n = n0 + t % kRows;
+    if (t < V && n < p.n) static_cast<T*>(p.out)[(t / kRows) * p.ldo + n] = total(n);
   }
 }
 
@@ -317,14 +332,15 @@ int fma_threads(int k, bool vec, int64_t elem_bytes) {
 }
 
 // Launches the FMA kernel for M = rows (1..M).
-template <typename T, int M, bool kGated>
+template <typename T, int M, bool kSilu>
 void launch_rows(const Params& p, int rows, bool vec, int threads, cudaStream_t stream) {
   if constexpr (M > 1) {
-    if (rows < M) return launch_rows<T, M - 1, kGated>(p, rows, vec, threads, stream);
+    if (rows < M) return launch_rows<T, M - 1, kSilu>(p, rows, vec, threads, stream);
   }
-  const dim3 grid((p.n + kRows - 1) / kRows);
-  auto kernel = vec ? linear_small_kernel<T, M, true, kGated>
-                    : linear_small_kernel<T, M, false, kGated>;
+  const int per_block = kSilu ? kRows / 2 : kRows;
+  const dim3 grid(((kSilu ? p.n / 2 : p.n) + per_block - 1) / per_block);
+  auto kernel = vec ? linear_small_kernel<T, M, true, kSilu>
+                    : linear_small_kernel<T, M, false, kSilu>;
   kernel<<<grid, threads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -378,29 +394,27 @@ void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& we
   });
 }
 
-// The FMA kernel applies the activation while it loads its input: for the rows it is fastest at
-// (kMmaMinRows - 1 and fewer) with 16-byte loads; otherwise silu_and_mul, then linear_small.
-void gated_linear_small(at::Tensor& out, const at::Tensor& gate_up, const at::Tensor& weight,
-                        const std::optional<at::Tensor>& bias) {
+// The FMA kernel applies the activation to its own sums for the rows it is fastest at
+// (kMmaMinRows - 1 and fewer) with 16-byte loads; otherwise linear_small, then silu_and_mul.
+void linear_small_silu(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias) {
   const at::Tensor* b = bias.has_value() && bias->defined() ? &*bias : nullptr;
-  vllm::check_gated_linear_small_args(out, gate_up, weight, b);
+  vllm::check_linear_small_silu_args(out, input, weight, b);
   if (out.numel() == 0) return;
-  const int64_t k = weight.size(1);
-  if (gate_up.size(0) >= kMmaMinRows || !vector_loads(gate_up, weight)) {
-    at::Tensor act = at::empty({gate_up.size(0), k}, gate_up.options());
-    silu_and_mul(act, gate_up.contiguous());
-    return linear_small(out, act, weight, bias);
+  if (input.size(0) >= kMmaMinRows || !vector_loads(input, weight)) {
+    at::Tensor gate_up = at::empty({input.size(0), weight.size(0)}, input.options());
+    linear_small(gate_up, input, weight, bias);
+    return silu_and_mul(out, gate_up);
   }
-  const c10::cuda::OptionalCUDAGuard guard(device_of(gate_up));
+  const c10::cuda::OptionalCUDAGuard guard(device_of(input));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  VLLM_CUDA_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "gated_linear_small", [&] {
-    const Params p{out.data_ptr(), gate_up.data_ptr(), weight.data_ptr(),
-                   b != nullptr ? b->data_ptr() : nullptr, out.stride(0), gate_up.stride(0),
-                   static_cast<int>(weight.size(0)), static_cast<int>(k)};
-    launch_rows<scalar_t, kMmaMinRows - 1, true>(p, static_cast<int>(gate_up.size(0)), true,
-                                                 fma_threads(static_cast<int>(k), true,
-                                                             sizeof(scalar_t)),
-                                                 stream);
+  const int k = static_cast<int>(weight.size(1));
+  VLLM_CUDA_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "linear_small_silu", [&] {
+    const Params p{out.data_ptr(), input.data_ptr(), weight.data_ptr(),
+                   b != nullptr ? b->data_ptr() : nullptr, out.stride(0), input.stride(0),
+                   static_cast<int>(weight.size(0)), k};
+    launch_rows<scalar_t, kMmaMinRows - 1, true>(p, static_cast<int>(input.size(0)), true,
+                                                 fma_threads(k, true, sizeof(scalar_t)), stream);
   });
 }
 

@@ -51,16 +51,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     return F.linear(x, weight, bias)
 
 
-def gated_linear(gate_up: torch.Tensor, weight: torch.Tensor,
-                 bias: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-    """silu(gate) * up @ weight^T (+ bias) for gate_up [rows, 2 K] in one gated_linear_small
-    call, when the step takes the GEMV (cuda_gemv_applies) and VLLM_FUSED_SILU_DOWN is on; else
-    None: the caller applies the activation, then the linear layer."""
-    if (envs.VLLM_FUSED_SILU_DOWN and cuda_gemv_applies(gate_up, weight)
-            and gate_up.shape[1] == 2 * weight.shape[1] and (bias is None or bias.dtype == gate_up.dtype)):
-        out = torch.empty(gate_up.shape[0], weight.shape[0], dtype=gate_up.dtype,
-                          device=gate_up.device)
-        ops.gated_linear_small(out, gate_up, weight, None if bias is None else bias.contiguous())
+def linear_silu(x: torch.Tensor, weight: torch.Tensor,
+                bias: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    """silu(gate) * up of [gate, up] = x @ weight^T (+ bias), weight [2 I, K], in one
+    linear_small_silu call when the step takes the GEMV (cuda_gemv_applies) and
+    VLLM_FUSED_GATE_UP_SILU is on; else None: the caller runs the linear layer, then the
+    activation."""
+    if (envs.VLLM_FUSED_GATE_UP_SILU and cuda_gemv_applies(x, weight) and weight.shape[0] % 2 == 0
+            and (bias is None or bias.dtype == x.dtype)):
+        out = torch.empty(x.shape[0], weight.shape[0] // 2, dtype=x.dtype, device=x.device)
+        ops.linear_small_silu(out, x, weight, None if bias is None else bias.contiguous())
         return out
     return None
 
@@ -98,6 +98,11 @@ class ColumnParallelLinear(nn.Linear):
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Fused gate/up: each part split by rank, so this rank's [gate_r, up_r] feed SiluAndMul."""
+
+    def forward_silu(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """silu(gate) * up of this layer's output in one call (linear_silu), or None where that
+        does not apply."""
+        return linear_silu(x, self.weight, self.bias)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -149,18 +154,7 @@ class RowParallelLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return linear(x, self.weight, self.bias)
-        return self._sum_ranks(linear(x, self.weight))
-
-    def forward_gated(self, gate_up: torch.Tensor) -> Optional[torch.Tensor]:
-        """forward(silu(gate) * up) for gate_up [rows, 2 x this rank's inputs] in one call
-        (gated_linear), or None where that does not apply."""
-        if self.tp.size == 1:
-            return gated_linear(gate_up, self.weight, self.bias)
-        out = gated_linear(gate_up, self.weight)
-        return None if out is None else self._sum_ranks(out)
-
-    def _sum_ranks(self, partial: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_reduce(partial)
+        out = self.tp.all_reduce(linear(x, self.weight))
         return out if self.bias is None else out + self.bias
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,

@@ -66,9 +66,10 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        fused = self.down_proj.forward_gated(gate_up)  # the activation inside the GEMV
-        return fused if fused is not None else self.down_proj(self.act_fn(gate_up))
+        act = self.gate_up_proj.forward_silu(x)  # the activation inside the GEMV
+        if act is None:
+            act = self.act_fn(self.gate_up_proj(x))
+        return self.down_proj(act)
 
 
 class LlamaDecoderLayer(nn.Module):
