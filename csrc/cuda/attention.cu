@@ -446,14 +446,20 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const Params p) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Whether environment variable `name` holds `second` rather than `first` (the default when it
+// is unset); anything else is an error that names both. Read at every call.
+bool env_picks_second(const char* name, const std::string& first, const std::string& second) {
+  const char* v = std::getenv(name);
+  const std::string mode = v == nullptr ? first : v;
+  TORCH_CHECK(mode == first || mode == second, name, " must be ", first, " or ", second,
+              ", got '", mode, "'");
+  return mode == second;
+}
+
 // VLLM_CUDA_ATTN_COMBINE: last-block (default: the last block of each row tile and kv head
-// merges the partitions, no second launch) or kernel (the combine kernel). Read at every call.
+// merges the partitions, no second launch) or kernel (the combine kernel).
 bool combine_in_last_block() {
-  const char* v = std::getenv("VLLM_CUDA_ATTN_COMBINE");
-  const std::string mode = v == nullptr ? "last-block" : v;
-  TORCH_CHECK(mode == "last-block" || mode == "kernel",
-              "VLLM_CUDA_ATTN_COMBINE must be last-block or kernel, got '", mode, "'");
-  return mode == "last-block";
+  return !env_picks_second("VLLM_CUDA_ATTN_COMBINE", "last-block", "kernel");
 }
 
 // The arrival counters of a device, at least `needed` of them, or null when they would have to
@@ -535,14 +541,8 @@ void launch_rows(const Params& p, const at::Tensor& query, int64_t max_context_l
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 // VLLM_CUDA_ATTN_PARTS: max (default: partitions sized for max_context_len, as captured in a
-// CUDA graph) or context (sized per sequence on the device: part_keys). Read at every call.
-int parts_by_context() {
-  const char* v = std::getenv("VLLM_CUDA_ATTN_PARTS");
-  const std::string mode = v == nullptr ? "max" : v;
-  TORCH_CHECK(mode == "max" || mode == "context",
-              "VLLM_CUDA_ATTN_PARTS must be max or context, got '", mode, "'");
-  return mode == "context";
-}
+// CUDA graph) or context (sized per sequence on the device: part_keys).
+int parts_by_context() { return env_picks_second("VLLM_CUDA_ATTN_PARTS", "max", "context"); }
 
 }  // namespace
 

@@ -111,18 +111,16 @@ def test_paged_attention_partitions_sized_for_a_longer_context(device, parts, co
 
 
 @pytest.mark.parametrize("device", DEVICES[1:])
-def test_paged_attention_rejects_an_unknown_partition_mode(device, monkeypatch):
-    monkeypatch.setenv("VLLM_CUDA_ATTN_PARTS", "auto")
+@pytest.mark.parametrize("variable,value,message", [
+    ("VLLM_CUDA_ATTN_PARTS", "auto", "VLLM_CUDA_ATTN_PARTS must be max or context, got 'auto'"),
+    ("VLLM_CUDA_ATTN_COMBINE", "tree",
+     "VLLM_CUDA_ATTN_COMBINE must be last-block or kernel, got 'tree'"),
+])
+def test_paged_attention_rejects_an_unknown_mode(device, variable, value, message, monkeypatch):
+    """Checked at every call, also where the launch needs no partitions (one here)."""
+    monkeypatch.setenv(variable, value)
     batch = make_batch([10], [1], 4, 4, 64, 16, torch.float16, device)
-    with pytest.raises(RuntimeError, match="VLLM_CUDA_ATTN_PARTS must be max or context"):
-        ops.paged_attention(torch.empty_like(batch[0]), *batch, 10, 0.125)
-
-
-@pytest.mark.parametrize("device", DEVICES[1:])
-def test_paged_attention_rejects_an_unknown_combine_mode(device, monkeypatch):
-    monkeypatch.setenv("VLLM_CUDA_ATTN_COMBINE", "tree")
-    batch = make_batch([10], [1], 4, 4, 64, 16, torch.float16, device)
-    with pytest.raises(RuntimeError, match="VLLM_CUDA_ATTN_COMBINE must be last-block or kernel"):
+    with pytest.raises(RuntimeError, match=message):
         ops.paged_attention(torch.empty_like(batch[0]), *batch, 10, 0.125)
 
 

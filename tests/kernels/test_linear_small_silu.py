@@ -1,13 +1,11 @@
 """linear_small_silu (the MLP's gate/up projection with its activation applied to the GEMV's own
 sums) against linear_small then silu_and_mul, and against an fp64 reference; the layers' routing
 through it (VLLM_FUSED_GATE_UP_SILU)."""
-import dataclasses
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.kernels.test_linear_small_cuda import cuda, on_cuda
+from tests.kernels.test_linear_small_cuda import bf16_decode_step_logits, cuda, on_cuda
 from tests.utils import DTYPES, assert_close
 from vllm import _custom_ops as ops
 from vllm.model_executor.layers.activation import SiluAndMul
@@ -108,23 +106,11 @@ def test_gate_up_layer_takes_the_fused_call(device, fused, monkeypatch):
 def test_model_logits_close_with_the_fused_call_on_and_off(rows, monkeypatch):
     """A bf16 Llama's decode-step logits with the activation inside the gate/up GEMV agree with
     those through silu_and_mul to bf16 accuracy."""
-    from tests.kernels.test_cpu_decode import make_model, make_step
-    from vllm.forward_context import set_forward_context
-
-    model, config = make_model("llama-gqa", torch.bfloat16)
-    model = model.cuda()
-    caches, md, positions = make_step(config, torch.bfloat16, [5 + 7 * i for i in range(rows)],
-                                      [1] * rows)
-    caches = [(k.cuda(), v.cuda()) for k, v in caches]
-    md = dataclasses.replace(md, **{f: getattr(md, f).cuda() for f in (
-        "slot_mapping", "block_tables", "context_lens", "query_start_loc")})
-    ids = torch.randint(0, config.vocab_size, (rows,), device="cuda")
+    run = bf16_decode_step_logits(rows)
     logits = {}
     for switch in ("1", "0"):
         monkeypatch.setenv("VLLM_FUSED_GATE_UP_SILU", switch)
-        with torch.inference_mode(), set_forward_context(md, [(k.clone(), v.clone())
-                                                              for k, v in caches]):
-            logits[switch] = model.compute_logits(model(ids, positions.cuda()))
+        logits[switch] = run()
     assert_close("model logits gate/up silu", logits["1"], logits["0"].double(), torch.bfloat16)
 
 
