@@ -51,3 +51,24 @@ def test_request_sets_the_default_and_says_whether_it_is_too_late(monkeypatch):
     monkeypatch.setenv(huge_pages.ENV, "0")
     huge_pages.request()
     assert os.environ[huge_pages.ENV] == "0"
+
+
+def test_the_api_server_module_asks_before_torch_loads(monkeypatch):
+    """`python -m vllm.entrypoints.openai.api_server` (here with --help, which exits before any
+    model loads) sets the variable before its imports load torch."""
+    import subprocess
+    import sys
+
+    monkeypatch.delenv(huge_pages.ENV, raising=False)
+    code = ("import runpy, sys, os\n"
+            "sys.argv = ['api_server', '--help']\n"
+            "try:\n"
+            "    runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__')\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print('THP', os.environ.get('THP_MEM_ALLOC_ENABLE'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={k: v for k, v in os.environ.items()
+                                           if k != huge_pages.ENV})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "THP 1"

@@ -7,9 +7,9 @@ walks every weight once: with 4 KiB pages that is a TLB miss every 4 KiB, with h
 every 2 MiB. Measured on the 2-core machine (llama-68m shape, bf16, 2 threads, five runs each
 way, alternating): the draft's batch-1 forward 3.64 -> 2.82 ms (median), batch 8 unchanged (its
 GEMMs are compute-bound there). Every process the engine starts (engine core, draft process)
-gets it, and so do the `vllm` command, the example and the benchmarks (they set it before torch
-loads; `python -m vllm.entrypoints.openai.api_server` loads torch on import, too early); a
-user's own THP_MEM_ALLOC_ENABLE (0 turns it off) is left as it is. Where the kernel's THP mode
+gets it, and so do the `vllm` command, `python -m vllm.entrypoints.openai.api_server`, the
+example and the benchmarks (they set it before torch loads); a user's own THP_MEM_ALLOC_ENABLE
+(0 turns it off) is left as it is. Where the kernel's THP mode
 is `never` it changes nothing."""
 import os
 import sys

@@ -12,6 +12,12 @@ uses OpenAI's body {"error": {"message", "type", "param", "code"}}: 400 for a ba
 --max-request-body-bytes, 503 (with Retry-After) while too many requests wait, 500 naming the
 request id when the engine failed a request, or for every request if the engine died.
 """
+# python -m vllm.entrypoints.openai.api_server: huge pages are asked for before the imports
+# below load torch (vllm/huge_pages.py), as the vllm command does
+if __name__ == "__main__":
+    from vllm import huge_pages
+    huge_pages.request()
+
 import argparse
 import os
 import secrets
