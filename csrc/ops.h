@@ -44,10 +44,7 @@
   /* a decode step's matmul of few rows: out [M, N] = input [M, K] @ weight [N, K]^T (+ bias     \
      [N]); fp32 sums, cost ~ the weight bytes (each weight byte read once for all M rows) */     \
   void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,          \
-                    const std::optional<at::Tensor>& bias);                                      \
-  /* silu_and_mul of linear_small: weight [2 I, K] (gate rows, then up rows), out [M, I] */      \
-  void linear_small_silu(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,     \
-                         const std::optional<at::Tensor>& bias);
+                    const std::optional<at::Tensor>& bias);
 
 namespace vllm_cpu {
 VLLM_KERNEL_DECLARATIONS

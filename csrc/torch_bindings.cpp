@@ -26,7 +26,6 @@ TORCH_LIBRARY(_C, m) {
       "float scale) -> ()");
   // a decode step of few rows (linear_small on both devices, decode_layers on the CPU only)
   m.def("linear_small(Tensor! out, Tensor input, Tensor weight, Tensor? bias) -> ()");
-  m.def("linear_small_silu(Tensor! out, Tensor input, Tensor weight, Tensor? bias) -> ()");
   m.def(
       "decode_layers(Tensor! hidden, Tensor positions, Tensor[] weights, Tensor final_norm, "
       "Tensor cos_sin_cache, Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, "
@@ -44,8 +43,7 @@ TORCH_LIBRARY(_C, m) {
   m.impl("rotary_embedding_and_cache", &ns::rotary_embedding_and_cache); \
   m.impl("copy_blocks", &ns::copy_blocks);                    \
   m.impl("paged_attention", &ns::paged_attention);            \
-  m.impl("linear_small", &ns::linear_small);                  \
-  m.impl("linear_small_silu", &ns::linear_small_silu)
+  m.impl("linear_small", &ns::linear_small)
 
 TORCH_LIBRARY_IMPL(_C, CPU, m) {
   VLLM_REGISTER_KERNELS(m, vllm_cpu);

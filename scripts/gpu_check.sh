@@ -29,7 +29,7 @@
 #       PAIR_ADAPTIVE=1 PAIR_ROUNDS=2 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput SERVE_K=4;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     PROFILE_SHAPES="llama-2-7b" PROFILE_BATCHES=1x1,1x5,32x1 \
-#       PROFILE_VARIANTS="default VLLM_FUSED_GATE_UP_SILU=1 VLLM_CUDA_ATTN_COMBINE=kernel" \
+#       PROFILE_VARIANTS="default VLLM_CUDA_ATTN_COMBINE=kernel VLLM_CUDA_ATTN_PARTS=context" \
 #       bash scripts/gpu_check.sh profile /tmp/o;
 #     DRAFT_THREADS=8,16 DRAFT_PATHS=fused bash scripts/gpu_check.sh draft /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi

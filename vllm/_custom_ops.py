@@ -107,13 +107,6 @@ def linear_small(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
     _call("linear_small", input.device, out, input, weight, bias)
 
 
-def linear_small_silu(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
-                      bias: "torch.Tensor | None" = None) -> None:
-    """out [M, I] = silu_and_mul(input [M, K] @ weight [2 I, K]^T (+ bias)): the MLP's gate/up
-    projection with its activation (on CUDA, 1-2 rows: applied by the GEMV to its own sums)."""
-    _call("linear_small_silu", input.device, out, input, weight, bias)
-
-
 def decode_layers(hidden: torch.Tensor, positions: torch.Tensor, weights: list[torch.Tensor],
                   final_norm: torch.Tensor, cos_sin_cache: torch.Tensor,
                   key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],

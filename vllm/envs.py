@@ -68,12 +68,6 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                 "the attention layers rotate queries and keys and write the "
                                 "paged cache in one vllm._C call (one CUDA launch instead of "
                                 "two); off: rotary_embedding, then reshape_and_cache"),
-    "VLLM_FUSED_GATE_UP_SILU": (_flag, False,
-                                "CUDA MLPs whose gate/up projection takes the GEMV "
-                                "(VLLM_CUDA_GEMV) apply silu(gate) * up to its sums inside it "
-                                "(linear_small_silu; one launch instead of two, measured even "
-                                "with two on the H200's 13B step); off: the projection, then "
-                                "silu_and_mul"),
     "VLLM_MODEL_CACHE": (str, "", "where fetched GGUF models are cached; default "
                          "~/.cache/vllm-hetero/models"),
     "VLLM_LOGGING_LEVEL": (str.upper, "INFO", "log level of the vllm logger"),

@@ -177,27 +177,22 @@ void check_paged_attention_args(const at::Tensor& out, const at::Tensor& query,
               num_seqs + 1, " entries, got ", query_start_loc.size(0));
 }
 
-
-namespace {
-
-// input [M, K], weight [N, K], bias [N]; out must be [M, out_features], of their dtype.
-void check_linear_small_shapes(const char* op, const at::Tensor& out, const at::Tensor& input,
-                               const at::Tensor& weight, const at::Tensor* bias,
-                               int64_t out_features) {
-  TORCH_CHECK(input.dim() == 2 && weight.dim() == 2 && out.dim() == 2, op,
-              " takes 2-d input, weight and out");
+void check_linear_small_args(const at::Tensor& out, const at::Tensor& input,
+                             const at::Tensor& weight, const at::Tensor* bias) {
+  TORCH_CHECK(input.dim() == 2 && weight.dim() == 2 && out.dim() == 2,
+              "linear_small takes 2-d input, weight and out");
   VLLM_CHECK_SAME_DEVICE(input, weight);
   VLLM_CHECK_SAME_DEVICE(input, out);
-  TORCH_CHECK(weight.is_contiguous() && input.stride(1) == 1 && out.stride(1) == 1, op,
-              " needs a contiguous weight and unit-stride input/out rows");
+  TORCH_CHECK(weight.is_contiguous() && input.stride(1) == 1 && out.stride(1) == 1,
+              "linear_small needs a contiguous weight and unit-stride input/out rows");
   TORCH_CHECK(input.size(1) == weight.size(1), "input has ", input.size(1),
               " features, weight expects ", weight.size(1));
-  TORCH_CHECK(out.size(0) == input.size(0) && out.size(1) == out_features, "out has shape ",
-              out.sizes(), ", expected [", input.size(0), ", ", out_features, "]");
+  TORCH_CHECK(out.size(0) == input.size(0) && out.size(1) == weight.size(0), "out has shape ",
+              out.sizes(), ", expected [", input.size(0), ", ", weight.size(0), "]");
   TORCH_CHECK(input.scalar_type() == weight.scalar_type() &&
                   out.scalar_type() == weight.scalar_type(),
-              op, " needs one dtype for input, weight and out; got input ", input.scalar_type(),
-              ", weight ", weight.scalar_type(), ", out ", out.scalar_type());
+              "linear_small needs one dtype for input, weight and out; got input ",
+              input.scalar_type(), ", weight ", weight.scalar_type(), ", out ", out.scalar_type());
   if (bias != nullptr) {
     TORCH_CHECK(bias->device() == input.device(), "bias is on ", bias->device(),
                 " but input is on ", input.device());
@@ -205,23 +200,6 @@ void check_linear_small_shapes(const char* op, const at::Tensor& out, const at::
                     bias->scalar_type() == weight.scalar_type(),
                 "bias must be a contiguous [", weight.size(0), "] tensor of the weight's dtype");
   }
-}
-
-}  // namespace
-
-void check_linear_small_args(const at::Tensor& out, const at::Tensor& input,
-                             const at::Tensor& weight, const at::Tensor* bias) {
-  check_linear_small_shapes("linear_small", out, input, weight, bias,
-                            weight.dim() == 2 ? weight.size(0) : -1);
-}
-
-void check_linear_small_silu_args(const at::Tensor& out, const at::Tensor& input,
-                                  const at::Tensor& weight, const at::Tensor* bias) {
-  TORCH_CHECK(weight.dim() != 2 || weight.size(0) % 2 == 0,
-              "linear_small_silu: weight must have an even number of rows (gate rows, then up "
-              "rows), got ", weight.sizes());
-  check_linear_small_shapes("linear_small_silu", out, input, weight, bias,
-                            weight.dim() == 2 ? weight.size(0) / 2 : -1);
 }
 
 }  // namespace vllm

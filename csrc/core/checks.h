@@ -51,7 +51,5 @@ void check_paged_attention_args(const at::Tensor& out, const at::Tensor& query,
 // bias: null when there is none.
 void check_linear_small_args(const at::Tensor& out, const at::Tensor& input,
                              const at::Tensor& weight, const at::Tensor* bias);
-void check_linear_small_silu_args(const at::Tensor& out, const at::Tensor& input,
-                                  const at::Tensor& weight, const at::Tensor* bias);
 
 }  // namespace vllm

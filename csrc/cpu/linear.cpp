@@ -216,14 +216,4 @@ void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& we
   });
 }
 
-// The two ops in turn (the CPU's decode steps of few rows fuse them inside decode_layers).
-void linear_small_silu(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
-                       const std::optional<at::Tensor>& bias) {
-  const at::Tensor* b = bias.has_value() && bias->defined() ? &*bias : nullptr;
-  vllm::check_linear_small_silu_args(out, input, weight, b);
-  at::Tensor gate_up = at::empty({input.size(0), weight.size(0)}, input.options());
-  linear_small(gate_up, input, weight, bias);
-  silu_and_mul(out, gate_up);
-}
-
 }  // namespace vllm_cpu

@@ -8,7 +8,6 @@
 
 #include "core/checks.h"
 #include "cuda/dispatch.h"
-#include "cuda/silu.cuh"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -34,7 +33,10 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ i
   P o;
 #pragma unroll
   for (int e = 0; e < N; ++e) {
-    o.v[e] = silu_mul<T>(static_cast<float>(g.v[e]), static_cast<float>(u.v[e]));
+    const float x = static_cast<float>(g.v[e]);
+    // silu is rounded to T before the product, as torch's silu(gate) * up is
+    const float silu = static_cast<float>(static_cast<T>(x / (1.f + __expf(-x))));
+    o.v[e] = static_cast<T>(silu * static_cast<float>(u.v[e]));
   }
   reinterpret_cast<P*>(out + static_cast<int64_t>(blockIdx.x) * d)[i] = o;
 }

@@ -33,7 +33,6 @@
 
 #include "core/checks.h"
 #include "cuda/dispatch.h"
-#include "cuda/silu.cuh"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -128,35 +127,22 @@ __device__ __forceinline__ void halve(float* a, int lane) {
 constexpr int pow2_at_least(int v) { return v <= 1 ? 1 : 2 * pow2_at_least((v + 1) / 2); }
 
 // The FMA kernel. grid: ceil(N / kRows) blocks; block b owns rows b * kRows .. + kRows of weight
-// and out. kSilu (linear_small_silu): the weight is [gate; up], N = 2 I rows, and out [M, I] =
-// silu(gate) * up; block b owns output columns j = 2 b, 2 b + 1, i.e. weight rows j (gate) and
-// I + j (up), and applies the activation to its own sums, rounded as the GEMV's output and then
-// silu_and_mul round them. grid: ceil(I / 2) blocks.
-template <typename T, int M, bool kVector, bool kSilu>
+// and out.
+template <typename T, int M, bool kVector>
 __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params p) {
   constexpr int E = kVector ? 16 / sizeof(T) : 1;  // elements per chunk
   constexpr int W = kVector ? 4 : 1;               // 32-bit words per chunk
   constexpr int V = M * kRows;                     // sums per block
   constexpr int P = pow2_at_least(V);
   static_assert(V <= 32, "one value per lane after the exchange");
-  static_assert(!kSilu || kRows % 2 == 0, "gate and up rows in pairs");
   const T* x = static_cast<const T*>(p.input);
-  const int n0 = blockIdx.x * (kSilu ? kRows / 2 : kRows);  // first row (kSilu: column) owned
+  const int n0 = blockIdx.x * kRows;
   const int chunks = p.k / E;  // per row
-  // weight row of the block's row r; the last block's rows past N (kSilu: past I) read the last
-  // row again and write nothing
-  auto weight_row = [&](int r) {
-    if constexpr (kSilu) {
-      const int half = p.n / 2, j = min(n0 + r % (kRows / 2), half - 1);
-      return r < kRows / 2 ? j : half + j;
-    } else {
-      return min(n0 + r, p.n - 1);
-    }
-  };
+  // the last block's rows past N read row N - 1 again and write nothing
   const T* rows[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    rows[r] = static_cast<const T*>(p.weight) + static_cast<int64_t>(weight_row(r)) * p.k;
+    rows[r] = static_cast<const T*>(p.weight) + static_cast<int64_t>(min(n0 + r, p.n - 1)) * p.k;
   }
 
   float acc[M][kRows];
@@ -212,30 +198,19 @@ __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params 
   if (lane % kSpan == 0) partial[warp][lane / kSpan] = v;
   __syncthreads();
   const int t = threadIdx.x;
-  // value t's total, bias added, rounded to T as the GEMV's output is
-  auto total = [&](int n) {
-    float sum = 0.f;
-    for (int i = 0; i < stride / 32; ++i) sum += partial[i][t];
-    if (p.bias != nullptr) {
-      float b;
-      const uint32_t bits = load_bits(static_cast<const T*>(p.bias) + n);
-      widen<T, false>(&bits, &b);
-      sum += b;
-    }
-    return static_cast<T>(sum);
-  };
-  if constexpr (kSilu) {
-    __shared__ float rounded[V];  // the gate and up totals, as T
-    if (t < V) rounded[t] = static_cast<float>(total(weight_row(t % kRows)));
-    __syncthreads();
-    const int m = t / (kRows / 2), r = t % (kRows / 2), j = n0 + r;
-    if (m < M && j < p.n / 2) {
-      static_cast<T*>(p.out)[m * p.ldo + j] =
-          silu_mul<T>(rounded[m * kRows + r], rounded[m * kRows + kRows / 2 + r]);
-    }
-  } else {
+  if (t < V) {
     const int n = n0 + t % kRows;
-    if (t < V && n < p.n) static_cast<T*>(p.out)[(t / kRows) * p.ldo + n] = total(n);
+    if (n < p.n) {
+      float sum = 0.f;
+      for (int i = 0; i < stride / 32; ++i) sum += partial[i][t];
+      if (p.bias != nullptr) {
+        float b;
+        const uint32_t bits = load_bits(static_cast<const T*>(p.bias) + n);
+        widen<T, false>(&bits, &b);
+        sum += b;
+      }
+      static_cast<T*>(p.out)[(t / kRows) * p.ldo + n] = static_cast<T>(sum);
+    }
   }
 }
 
@@ -322,43 +297,30 @@ __global__ void __launch_bounds__(kMmaWarps * 32) linear_small_mma_kernel(const 
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// The FMA kernel's block: enough threads for kUnroll chunks each across a row of k, a power of
-// two from 32 to kMaxThreads.
-int fma_threads(int k, bool vec, int64_t elem_bytes) {
-  const int per_thread = kUnroll * (vec ? static_cast<int>(16 / elem_bytes) : 1);
-  int threads = 32;
-  while (threads < kMaxThreads && threads * per_thread < k) threads *= 2;
-  return threads;
-}
-
 // Launches the FMA kernel for M = rows (1..M).
-template <typename T, int M, bool kSilu>
+template <typename T, int M>
 void launch_rows(const Params& p, int rows, bool vec, int threads, cudaStream_t stream) {
   if constexpr (M > 1) {
-    if (rows < M) return launch_rows<T, M - 1, kSilu>(p, rows, vec, threads, stream);
+    if (rows < M) return launch_rows<T, M - 1>(p, rows, vec, threads, stream);
   }
-  const int per_block = kSilu ? kRows / 2 : kRows;
-  const dim3 grid(((kSilu ? p.n / 2 : p.n) + per_block - 1) / per_block);
-  auto kernel = vec ? linear_small_kernel<T, M, true, kSilu>
-                    : linear_small_kernel<T, M, false, kSilu>;
+  const dim3 grid((p.n + kRows - 1) / kRows);
+  auto kernel = vec ? linear_small_kernel<T, M, true> : linear_small_kernel<T, M, false>;
   kernel<<<grid, threads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-// Whether input rows (and weight) allow the kernels' 16-byte loads.
-bool vector_loads(const at::Tensor& input, const at::Tensor& weight) {
-  const int64_t e = 16 / weight.element_size();
-  return weight.size(1) % e == 0 && (input.size(0) == 1 || input.stride(0) % e == 0) &&
-         aligned16(input.data_ptr()) && aligned16(weight.data_ptr());
 }
 
 template <typename T>
 void launch(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, const T* bias,
             cudaStream_t stream) {
+  constexpr int E = 16 / sizeof(T);
   const int64_t m_dim = input.size(0), ldi = input.stride(0), ldo = out.stride(0);
   const int k = static_cast<int>(weight.size(1));
-  const bool vec = vector_loads(input, weight);
-  const int threads = fma_threads(k, vec, sizeof(T));
+  const bool vec = k % E == 0 && (m_dim == 1 || ldi % E == 0) && aligned16(input.data_ptr()) &&
+                   aligned16(weight.data_ptr());
+  // enough threads for kUnroll chunks each across a row, a power of two from 32 to kMaxThreads
+  const int per_thread = kUnroll * (vec ? E : 1);
+  int threads = 32;
+  while (threads < kMaxThreads && threads * per_thread < k) threads *= 2;
   Params p{nullptr, nullptr, weight.data_ptr(), bias, ldo, ldi,
            static_cast<int>(weight.size(0)), k};
   for (int64_t m0 = 0; m0 < m_dim; m0 += kMaxM) {
@@ -373,7 +335,7 @@ void launch(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, 
         continue;
       }
     }
-    launch_rows<T, kMaxM, false>(p, rows, vec, threads, stream);
+    launch_rows<T, kMaxM>(p, rows, vec, threads, stream);
   }
 }
 
@@ -391,30 +353,6 @@ void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& we
   VLLM_CUDA_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "linear_small", [&] {
     launch<scalar_t>(out, input, weight, b != nullptr ? b->data_ptr<scalar_t>() : nullptr,
                      stream);
-  });
-}
-
-// The FMA kernel applies the activation to its own sums for the rows it is fastest at
-// (kMmaMinRows - 1 and fewer) with 16-byte loads; otherwise linear_small, then silu_and_mul.
-void linear_small_silu(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
-                       const std::optional<at::Tensor>& bias) {
-  const at::Tensor* b = bias.has_value() && bias->defined() ? &*bias : nullptr;
-  vllm::check_linear_small_silu_args(out, input, weight, b);
-  if (out.numel() == 0) return;
-  if (input.size(0) >= kMmaMinRows || !vector_loads(input, weight)) {
-    at::Tensor gate_up = at::empty({input.size(0), weight.size(0)}, input.options());
-    linear_small(gate_up, input, weight, bias);
-    return silu_and_mul(out, gate_up);
-  }
-  const c10::cuda::OptionalCUDAGuard guard(device_of(input));
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int k = static_cast<int>(weight.size(1));
-  VLLM_CUDA_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "linear_small_silu", [&] {
-    const Params p{out.data_ptr(), input.data_ptr(), weight.data_ptr(),
-                   b != nullptr ? b->data_ptr() : nullptr, out.stride(0), input.stride(0),
-                   static_cast<int>(weight.size(0)), k};
-    launch_rows<scalar_t, kMmaMinRows - 1, true>(p, static_cast<int>(input.size(0)), true,
-                                                 fma_threads(k, true, sizeof(scalar_t)), stream);
   });
 }
 

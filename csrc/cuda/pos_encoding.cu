@@ -8,6 +8,7 @@
 
 #include "core/checks.h"
 #include "cuda/dispatch.h"
+#include "cuda/rotary.cuh"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -37,12 +38,7 @@ __global__ void rotary_embedding_kernel(const int64_t* __restrict__ positions, T
     const int j = is_q ? i : i - q_items;
     const int head = j / half, p = j % half;
     T* x = (is_q ? query + t * q_stride : key + t * k_stride) + static_cast<int64_t>(head) * head_size;
-    const int i1 = is_neox ? p : 2 * p;  // neox pairs (p, p + half); gpt-j pairs (2p, 2p + 1)
-    const int i2 = is_neox ? p + half : 2 * p + 1;
-    const float c = static_cast<float>(cos[p]), s = static_cast<float>(sin[p]);
-    const float x1 = static_cast<float>(x[i1]), x2 = static_cast<float>(x[i2]);
-    x[i1] = static_cast<T>(x1 * c - x2 * s);
-    x[i2] = static_cast<T>(x2 * c + x1 * s);
+    rotate_pair(x, cos, sin, p, half, is_neox);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "core/checks.h"
 #include "cuda/dispatch.h"
+#include "cuda/rotary.cuh"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -48,16 +49,11 @@ __global__ void rotary_embedding_and_cache_kernel(
     const T* cos = cos_sin_cache + pos * rot_dim;
     const T* sin = cos + half;
     for (int p = threadIdx.x; p < half; p += blockDim.x) {
-      const int i1 = is_neox ? p : 2 * p;  // neox pairs (p, p + half); gpt-j pairs (2p, 2p + 1)
-      const int i2 = is_neox ? p + half : 2 * p + 1;
-      const float c = static_cast<float>(cos[p]), s = static_cast<float>(sin[p]);
-      const float x1 = static_cast<float>(x[i1]), x2 = static_cast<float>(x[i2]);
-      const T y1 = static_cast<T>(x1 * c - x2 * s), y2 = static_cast<T>(x2 * c + x1 * s);
-      x[i1] = y1;
-      x[i2] = y2;
-      if (cached) {
-        key_cache[row + i1] = y1;
-        key_cache[row + i2] = y2;
+      rotate_pair(x, cos, sin, p, half, is_neox);
+      if (cached) {  // the pair this thread just wrote, into the cache as well
+        const int2 i = pair_indices(p, half, is_neox);
+        key_cache[row + i.x] = x[i.x];
+        key_cache[row + i.y] = x[i.y];
       }
     }
   }

@@ -271,9 +271,11 @@ def test_engine_greedy_same_with_gemv_on_and_off(tiny_llama, monkeypatch):
     assert on == off
 
 
-def bf16_decode_step_logits(rows: int):
-    """A bf16 GQA Llama on CUDA and a decode step of `rows` sequences over random caches: a
-    function that runs the step (on fresh copies of the caches) and returns its logits."""
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@on_cuda
+def test_model_logits_close_with_gemv_on_and_off_in_bf16(rows, monkeypatch):
+    """A bf16 Llama's decode-step logits with the GEMV in every linear layer and the LM head
+    agree with torch's GEMM's to bf16 accuracy."""
     from tests.kernels.test_cpu_decode import make_model, make_step
     from vllm.forward_context import set_forward_context
 
@@ -285,24 +287,12 @@ def bf16_decode_step_logits(rows: int):
     md = dataclasses.replace(md, **{f: getattr(md, f).cuda() for f in (
         "slot_mapping", "block_tables", "context_lens", "query_start_loc")})
     ids = torch.randint(0, config.vocab_size, (rows,), device="cuda")
-
-    def run() -> torch.Tensor:
-        with torch.inference_mode(), set_forward_context(md, [(k.clone(), v.clone())
-                                                              for k, v in caches]):
-            return model.compute_logits(model(ids, positions.cuda()))
-    return run
-
-
-@pytest.mark.parametrize("rows", [1, 3, 8])
-@on_cuda
-def test_model_logits_close_with_gemv_on_and_off_in_bf16(rows, monkeypatch):
-    """A bf16 Llama's decode-step logits with the GEMV in every linear layer and the LM head
-    agree with torch's GEMM's to bf16 accuracy."""
-    run = bf16_decode_step_logits(rows)
     logits = {}
     for switch in ("on", "off"):
         monkeypatch.setenv("VLLM_CUDA_GEMV", switch)
         calls = spy(monkeypatch)
-        logits[switch] = run()
+        with torch.inference_mode(), set_forward_context(md, [(k.clone(), v.clone())
+                                                              for k, v in caches]):
+            logits[switch] = model.compute_logits(model(ids, positions.cuda()))
         assert bool(calls) == (switch == "on")
     assert_close("model logits gemv", logits["on"], logits["off"].double(), torch.bfloat16)

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 
+from tests.kernels.test_rotary_embedding import random_qkv, split_qkv
 from tests.utils import DEVICES, DTYPES, assert_close
 from vllm import _custom_ops as ops
 from vllm.model_executor.attention.paged_attention import reshape_and_cache_native
@@ -21,11 +22,7 @@ def test_rotary_embedding_and_cache(device, is_neox, head_size, rotary_dim, num_
     for dtype in DTYPES[device]:
         rope = RotaryEmbedding(head_size, rotary_dim, 4096, 10000.0, is_neox, dtype).to(device)
         positions = torch.randint(0, 4096, (num_tokens,), device=device)
-        # query, key and value are row-strided views of one fused qkv activation
-        qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, dtype=dtype,
-                          device=device)
-        q, k, v = qkv.split([num_heads * head_size, num_kv_heads * head_size,
-                             num_kv_heads * head_size], dim=-1)
+        _, q, k, v = random_qkv(num_tokens, num_heads, num_kv_heads, head_size, dtype, device)
         k3, v3 = (t.view(num_tokens, num_kv_heads, head_size) for t in (k, v))
         slots = torch.randperm(num_blocks * block_size, device=device)[:num_tokens]
         slots[::5] = -1  # padding tokens: rotated, not cached
@@ -59,15 +56,14 @@ def test_rotary_embedding_and_cache_equals_the_two_ops(device):
     for dtype in DTYPES[device]:
         rope = RotaryEmbedding(head_size, head_size, 512, 10000.0, True, dtype).to(device)
         positions = torch.randint(0, 512, (num_tokens,), device=device)
-        qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_size, dtype=dtype,
-                          device=device)
+        qkv, *_ = random_qkv(num_tokens, heads, kv_heads, head_size, dtype, device)
         kc, vc = (torch.zeros(6, kv_heads, 16, head_size, dtype=dtype, device=device)
                   for _ in range(2))
         slots = torch.arange(num_tokens, device=device) * 3
         results = []
         for fused in (True, False):
             x, c_k, c_v = qkv.clone(), kc.clone(), vc.clone()
-            q, k, v = x.split([heads * head_size, kv_heads * head_size, kv_heads * head_size], -1)
+            q, k, v = split_qkv(x, heads, kv_heads, head_size)
             k3, v3 = (t.view(num_tokens, kv_heads, head_size) for t in (k, v))
             if fused:
                 ops.rotary_embedding_and_cache(positions, q, k3, v3, head_size,

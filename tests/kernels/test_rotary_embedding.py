@@ -7,6 +7,19 @@ from vllm import _custom_ops as ops
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
 
+def random_qkv(num_tokens, num_heads, num_kv_heads, head_size, dtype, device):
+    """(qkv, q, k, v): one fused qkv activation and its row-strided q, k, v views [num_tokens,
+    heads * head_size], as in the models."""
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, dtype=dtype,
+                      device=device)
+    return (qkv, *split_qkv(qkv, num_heads, num_kv_heads, head_size))
+
+
+def split_qkv(qkv, num_heads, num_kv_heads, head_size):
+    return qkv.split([num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size],
+                     dim=-1)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("head_size,rotary_dim", [(64, 64), (128, 128), (80, 80), (128, 64)])
@@ -16,11 +29,7 @@ def test_rotary_embedding(device, is_neox, head_size, rotary_dim, num_heads, num
     for dtype in DTYPES[device]:
         rope = RotaryEmbedding(head_size, rotary_dim, 4096, 10000.0, is_neox, dtype).to(device)
         positions = torch.randint(0, 4096, (num_tokens,), device=device)
-        # query and key are row-strided views of one fused qkv activation, as in the models
-        qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, dtype=dtype,
-                          device=device)
-        q, k, _ = qkv.split([num_heads * head_size, num_kv_heads * head_size,
-                             num_kv_heads * head_size], dim=-1)
+        _, q, k, _ = random_qkv(num_tokens, num_heads, num_kv_heads, head_size, dtype, device)
         ref_q, ref_k = rope.forward_native(positions, q.contiguous(), k.contiguous())
         ops.rotary_embedding(positions, q, k, head_size, rope.cos_sin_cache, is_neox)
         assert_close("rotary_embedding", q, ref_q, dtype)

@@ -51,20 +51,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     return F.linear(x, weight, bias)
 
 
-def linear_silu(x: torch.Tensor, weight: torch.Tensor,
-                bias: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-    """silu(gate) * up of [gate, up] = x @ weight^T (+ bias), weight [2 I, K], in one
-    linear_small_silu call when the step takes the GEMV (cuda_gemv_applies) and
-    VLLM_FUSED_GATE_UP_SILU is on; else None: the caller runs the linear layer, then the
-    activation."""
-    if (envs.VLLM_FUSED_GATE_UP_SILU and cuda_gemv_applies(x, weight) and weight.shape[0] % 2 == 0
-            and (bias is None or bias.dtype == x.dtype)):
-        out = torch.empty(x.shape[0], weight.shape[0] // 2, dtype=x.dtype, device=x.device)
-        ops.linear_small_silu(out, x, weight, None if bias is None else bias.contiguous())
-        return out
-    return None
-
-
 def _check_shape(loaded: torch.Tensor, expected: Sequence[int]) -> None:
     if tuple(loaded.shape) != tuple(expected):
         raise ValueError(f"has shape {tuple(loaded.shape)}, expected {tuple(expected)}")
@@ -98,11 +84,6 @@ class ColumnParallelLinear(nn.Linear):
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Fused gate/up: each part split by rank, so this rank's [gate_r, up_r] feed SiluAndMul."""
-
-    def forward_silu(self, x: torch.Tensor) -> Optional[torch.Tensor]:
-        """silu(gate) * up of this layer's output in one call (linear_silu), or None where that
-        does not apply."""
-        return linear_silu(x, self.weight, self.bias)
 
 
 class QKVParallelLinear(ColumnParallelLinear):

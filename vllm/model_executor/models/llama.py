@@ -66,10 +66,7 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        act = self.gate_up_proj.forward_silu(x)  # the activation inside the GEMV
-        if act is None:
-            act = self.act_fn(self.gate_up_proj(x))
-        return self.down_proj(act)
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
