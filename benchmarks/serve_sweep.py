@@ -85,7 +85,7 @@ def tree_cpu(root: int) -> dict[str, dict]:
 
 
 SPEC_COUNTERS = ("num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
-                 "num_spec_steps")
+                 "num_spec_steps", "controller_num_probes", "controller_num_split_steps")
 
 
 def scrape(port: int) -> tuple[dict[str, float], dict]:
@@ -103,6 +103,8 @@ def scrape(port: int) -> tuple[dict[str, float], dict]:
             for key in SPEC_COUNTERS:
                 if name == f"vllm:spec_decode_{key}_total":
                     spec[key] = sample.value
+            if name == "vllm:spec_decode_controller_steps_total":
+                spec[f"controller_k{labels['k']}_steps"] = sample.value
             if name == "vllm:engine_step_phase_seconds_total":
                 times["phase_s"][labels["phase"]] = sample.value
             elif name == "vllm:engine_steps_total":
@@ -224,6 +226,12 @@ def main() -> None:
             rows += run_config(args, layout, config, flags)
     with open(os.path.join(args.out_dir, "serve_sweep.json"), "w") as f:
         json.dump({"command": sys.argv, "rows": rows}, f, indent=1)
+    print_summary(rows)
+
+
+def print_summary(rows: list[dict]) -> None:
+    """The sweep's tables: throughput against plain, the engine's side of each step, the
+    controller's choices."""
     plain = {(r["layout"], r["concurrency"]): r["output_throughput"] for r in rows
              if r["config"] == "plain"}
     print(f"{'layout':<8}{'config':<8}{'clients':>8}{'tok/s':>10}{'vs plain':>10}"
@@ -246,6 +254,20 @@ def main() -> None:
               f"{_ms(e['prefill_step_ms'])} x{e['prefill_steps']:.0f}, decode "
               f"{_ms(e['decode_step_ms'])} x{e['decode_steps']:.0f}; TTFT engine "
               f"{_ms(e['engine_ttft_ms'])} client {r['ttft_ms_mean']:.2f}")
+    controlled = [r for r in rows if any(k.startswith("controller_k") for k in r["spec_decode"])]
+    if controlled:
+        print("the goodput controller's steps by k chosen (0: plain), its split steps and probes; "
+              "tokens emitted by verifications of all tokens")
+    for r in controlled:
+        spec = r["spec_decode"]
+        by_k = [int(v) for k, v in sorted(
+            ((k, v) for k, v in spec.items() if k.startswith("controller_k")),
+            key=lambda kv: int(kv[0][len("controller_k"):-len("_steps")]))]
+        total = r["output_throughput"] * r["duration_s"]
+        print(f"{r['layout']:<8}{r['config']:<8}{r['concurrency']:>8}  k steps {by_k}, split "
+              f"{spec.get('controller_num_split_steps', 0):.0f}, probes "
+              f"{spec.get('controller_num_probes', 0):.0f}; verified "
+              f"{spec.get('num_emitted_tokens', 0):.0f} of {total:.0f} tokens")
 
 
 def _ms(value) -> str:

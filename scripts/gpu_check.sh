@@ -290,17 +290,20 @@ if want serve; then
   echo "== serving sweep: the trained pair, plain vs CPU draft, engine core in-process vs own process"
   [ -d /tmp/pair7b/target ] || { echo "serve needs the pair stage first"; exit 1; }
   # the benchmark client on a core of its own: engine core and API server 0-1, client 2,
-  # drafter the rest (with 8+ cores; SERVE_CLIENT_CORE= keeps the defaults)
+  # drafter the rest (with 8+ cores; SERVE_CLIENT_CORE= keeps the defaults); SERVE_DRAFT_CPUS
+  # (a cpu list) gives the drafter those cores instead; SERVE_TAG names a second sweep's files
   NCPU=$(nproc); CLIENT=""; DCPUS=""
   if [ "$NCPU" -ge 8 ] && [ -n "${SERVE_CLIENT_CORE-2}" ]; then
     CLIENT="--client-cpus ${SERVE_CLIENT_CORE-2}"
     DCPUS="--speculative-draft-cpus $(( ${SERVE_CLIENT_CORE-2} + 1 ))-$((NCPU - 1))"
   fi
-  "$PY" benchmarks/serve_sweep.py --out-dir "$OUT_DIR/serve" $CLIENT --concurrency "${SERVE_CLIENTS:-1,4,16,64}" \
+  [ -n "${SERVE_DRAFT_CPUS:-}" ] && DCPUS="--speculative-draft-cpus $SERVE_DRAFT_CPUS"
+  SUFFIX="${SERVE_TAG:+_$SERVE_TAG}"
+  "$PY" benchmarks/serve_sweep.py --out-dir "$OUT_DIR/serve$SUFFIX" $CLIENT --concurrency "${SERVE_CLIENTS:-1,4,16,64}" \
     --layouts "${SERVE_LAYOUTS:-mp,inproc}" --configs "${SERVE_CONFIGS:-plain,draft}" --output-len 64 -- /tmp/pair7b/target --dtype bfloat16 \
     --max-model-len 2048 --max-num-seqs 64 --gpu-memory-utilization 0.6 \
     --speculative-model /tmp/pair7b/draft --cpu-draft-worker --num-speculative-tokens "${SERVE_K:-3}" \
-    --speculative-adaptive "${SERVE_ADAPTIVE:-off}" $DCPUS > "$OUT_DIR/serve_sweep.log" 2>&1 || status=1
-  grep -v "INFO\|WARNING\|it/s\]\|requests:" "$OUT_DIR/serve_sweep.log" | tail -30
+    --speculative-adaptive "${SERVE_ADAPTIVE:-off}" $DCPUS > "$OUT_DIR/serve_sweep$SUFFIX.log" 2>&1 || status=1
+  grep -v "INFO\|WARNING\|it/s\]\|requests:" "$OUT_DIR/serve_sweep$SUFFIX.log" | tail -34
 fi
 exit "$status"

@@ -416,18 +416,20 @@ int* arrival_counters(int64_t needed, int device, cudaStream_t stream) {
 }
 
 template <typename T, int HS, int ROWS, bool SLICES>
-void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStream_t stream) {
+void launch(Params p, const at::Tensor& query, int64_t max_context_len, int blocks_per_sm,
+            cudaStream_t stream) {
   using C = std::conditional_t<SLICES, SliceCfg<T, HS, ROWS>, Cfg<T, HS, ROWS>>;
   // Items over-count the (sequence, row tile) pairs: sum_s ceil(q_s g / R) <= T g / R + S, and
   // each pair holds at least one of the T g rows.
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.group;
   const int64_t items = std::min(rows / C::kRows + p.num_seqs, rows);
-  // Split the context into enough partitions for ~4 blocks per SM (decode at small batch);
-  // large batches and prefills get one partition and skip the combine pass.
+  // Split the context into enough partitions for blocks_per_sm blocks per SM (decode at small
+  // batch); large batches and prefills get one partition and skip the combine pass.
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, query.get_device()));
   const int64_t max_units = ceil_div(max_context_len, C::kUnit);
-  const int64_t wanted = std::clamp<int64_t>(ceil_div(4 * sms, items * p.num_kv_heads), 1, max_units);
+  const int64_t wanted = std::clamp<int64_t>(
+      ceil_div(static_cast<int64_t>(blocks_per_sm) * sms, items * p.num_kv_heads), 1, max_units);
   const int64_t units_per_part = ceil_div(max_units, wanted);
   p.num_parts = static_cast<int>(ceil_div(max_units, units_per_part));
   p.part_unit = C::kUnit;
@@ -463,16 +465,19 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
 // differs.
 template <typename T, int HS>
 void launch_rows(const Params& p, const at::Tensor& query, int64_t max_context_len, bool slices,
-                 cudaStream_t stream) {
+                 int blocks_per_sm, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.group;
   if (rows > static_cast<int64_t>(kFewRows) * p.num_seqs || kFewRows >= kManyRows<T, HS>) {
-    return launch<T, HS, kManyRows<T, HS>, false>(p, query, max_context_len, stream);
+    return launch<T, HS, kManyRows<T, HS>, false>(p, query, max_context_len, blocks_per_sm,
+                                                  stream);
   }
   if constexpr (SliceCfg<T, HS, 1>::kSupported) {
-    if (slices && rows <= p.num_seqs) return launch<T, HS, 1, true>(p, query, max_context_len, stream);
-    if (slices) return launch<T, HS, kFewRows, true>(p, query, max_context_len, stream);
+    if (slices && rows <= p.num_seqs) {
+      return launch<T, HS, 1, true>(p, query, max_context_len, blocks_per_sm, stream);
+    }
+    if (slices) return launch<T, HS, kFewRows, true>(p, query, max_context_len, blocks_per_sm, stream);
   }
-  launch<T, HS, kFewRows, false>(p, query, max_context_len, stream);
+  launch<T, HS, kFewRows, false>(p, query, max_context_len, blocks_per_sm, stream);
 }
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
@@ -484,6 +489,18 @@ int parts_by_context() { return env_picks_second("VLLM_CUDA_ATTN_PARTS", "max", 
 // VLLM_CUDA_ATTN_DECODE: tile (default: K/V tiles in shared memory) or warp (blocks of a few
 // rows walk warps' key slices: attention_warps.cuh).
 bool decode_in_slices() { return env_picks_second("VLLM_CUDA_ATTN_DECODE", "tile", "warp"); }
+
+// VLLM_CUDA_ATTN_BLOCKS_PER_SM: the blocks per SM the key partitions aim for, 1 to 64 (default
+// 4); more splits each sequence's keys over more, shorter partitions.
+int partition_blocks_per_sm() {
+  const char* v = std::getenv("VLLM_CUDA_ATTN_BLOCKS_PER_SM");
+  if (v == nullptr) return 4;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  TORCH_CHECK(end != v && *end == '\0' && n >= 1 && n <= 64,
+              "VLLM_CUDA_ATTN_BLOCKS_PER_SM must be an integer from 1 to 64, got '", v, "'");
+  return static_cast<int>(n);
+}
 
 }  // namespace
 
@@ -516,14 +533,15 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   const c10::cuda::OptionalCUDAGuard guard(device_of(query));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool slices = decode_in_slices();
+  const int per_sm = partition_blocks_per_sm();
   VLLM_CUDA_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {
     switch (head_size) {
-      case 32: return launch_rows<scalar_t, 32>(p, query, max_context_len, slices, stream);
-      case 64: return launch_rows<scalar_t, 64>(p, query, max_context_len, slices, stream);
-      case 80: return launch_rows<scalar_t, 80>(p, query, max_context_len, slices, stream);
-      case 96: return launch_rows<scalar_t, 96>(p, query, max_context_len, slices, stream);
-      case 128: return launch_rows<scalar_t, 128>(p, query, max_context_len, slices, stream);
-      case 256: return launch_rows<scalar_t, 256>(p, query, max_context_len, slices, stream);
+      case 32: return launch_rows<scalar_t, 32>(p, query, max_context_len, slices, per_sm, stream);
+      case 64: return launch_rows<scalar_t, 64>(p, query, max_context_len, slices, per_sm, stream);
+      case 80: return launch_rows<scalar_t, 80>(p, query, max_context_len, slices, per_sm, stream);
+      case 96: return launch_rows<scalar_t, 96>(p, query, max_context_len, slices, per_sm, stream);
+      case 128: return launch_rows<scalar_t, 128>(p, query, max_context_len, slices, per_sm, stream);
+      case 256: return launch_rows<scalar_t, 256>(p, query, max_context_len, slices, per_sm, stream);
       default:
         TORCH_CHECK(false, "paged_attention supports head sizes 32, 64, 80, 96, 128 and 256, got ",
                     head_size);

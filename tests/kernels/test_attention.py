@@ -122,11 +122,24 @@ def test_paged_attention_partitions_sized_for_a_longer_context(device, parts, co
 
 
 @pytest.mark.parametrize("device", DEVICES[1:])
+@pytest.mark.parametrize("per_sm", ["1", "64"])
+def test_paged_attention_blocks_per_sm(device, per_sm, decode_kernel, monkeypatch):
+    """VLLM_CUDA_ATTN_BLOCKS_PER_SM at its ends: one partition per sequence where the launch
+    has enough blocks, or as many as the keys allow (decode, verification, GQA)."""
+    monkeypatch.setenv("VLLM_CUDA_ATTN_BLOCKS_PER_SM", per_sm)
+    assert envs.VLLM_CUDA_ATTN_BLOCKS_PER_SM == int(per_sm)
+    run_and_compare([1, 17, 64, 300, 33, 129], [1] * 6, 32, 32, 128, 16, device, 2048)
+    run_and_compare([5, 40, 129, 517], [5] * 4, 16, 4, 128, 16, device, 1024)
+
+
+@pytest.mark.parametrize("device", DEVICES[1:])
 @pytest.mark.parametrize("variable,value,message", [
     ("VLLM_CUDA_ATTN_PARTS", "auto", "VLLM_CUDA_ATTN_PARTS must be max or context, got 'auto'"),
     ("VLLM_CUDA_ATTN_COMBINE", "tree",
      "VLLM_CUDA_ATTN_COMBINE must be last-block or kernel, got 'tree'"),
     ("VLLM_CUDA_ATTN_DECODE", "lanes", "VLLM_CUDA_ATTN_DECODE must be tile or warp, got 'lanes'"),
+    ("VLLM_CUDA_ATTN_BLOCKS_PER_SM", "0",
+     "VLLM_CUDA_ATTN_BLOCKS_PER_SM must be an integer from 1 to 64, got '0'"),
 ])
 def test_paged_attention_rejects_an_unknown_mode(device, variable, value, message, monkeypatch):
     """Checked at every call, also where the launch needs no partitions (one here)."""

@@ -533,4 +533,5 @@ class GoodputController:
                 "controller_num_split_steps": self.num_split_steps,
                 "controller_draft_forward_ms": 1e3 * draft if draft is not None else 0.0,
                 "controller_proposal_fixed_ms": 1e3 * first if first is not None else 0.0,
-                "controller_plain_step_ms": 1e3 * verify if verify is not None else 0.0}
+                "controller_plain_step_ms": 1e3 * verify if verify is not None else 0.0,
+                "controller_k_steps": list(self.k_histogram)}

@@ -86,6 +86,18 @@ class _EngineCollector(Collector):
                               "(batch 1)")):
                 if key in m:
                     yield self._gauge(f"vllm:spec_decode_{key}", doc, m[key])
+            for key, doc in (("controller_num_probes", "one-draft probes the controller took"),
+                             ("controller_num_split_steps", "steps the controller split (batched "
+                              "overlap)")):
+                if key in m:
+                    yield self._counter(f"vllm:spec_decode_{key}", doc, m[key])
+            if "controller_k_steps" in m:
+                steps = CounterMetricFamily("vllm:spec_decode_controller_steps", "steps by the "
+                                            "drafts per request the controller chose (0: plain "
+                                            "decoding)", labels=[*self.labels, "k"])
+                for k, count in enumerate(m["controller_k_steps"]):
+                    steps.add_metric([*self.labels.values(), str(k)], count)
+                yield steps
 
 
     def _step_times(self, t: Optional[dict]) -> Iterator[Metric]:
