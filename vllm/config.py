@@ -47,6 +47,10 @@ class SchedulerConfig:
     max_num_seqs: int = doc(256, "most sequences in one step")
     max_num_batched_tokens: Optional[int] = doc(None, "most tokens in one step; default "
                                                 "max(2048, max_num_seqs)")
+    scheduler_delay_factor: float = doc(0.0, "while requests run, admit waiting prompts once "
+                                        "the oldest has waited this many times the last "
+                                        "prompt step's duration, so that prompts arriving "
+                                        "close together share a prefill step (0: at once)")
 
 
 @dataclass
@@ -265,6 +269,9 @@ class VllmConfig:
         if sc.max_num_batched_tokens < sc.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({sc.max_num_batched_tokens}) must be >= "
                              f"max_num_seqs ({sc.max_num_seqs})")
+        if not sc.scheduler_delay_factor >= 0:  # NaN too
+            raise ValueError(f"scheduler_delay_factor must be >= 0, got "
+                             f"{sc.scheduler_delay_factor}")
 
 
     def _check_tensor_parallel(self) -> None:

@@ -99,3 +99,38 @@ def test_update_reports_nothing_for_a_request_mid_prompt():
     s.add_request(r)
     out = s.schedule()
     assert s.update(out, [None]) == [None] and r.output_token_ids == []
+
+
+def test_delay_factor_lets_prompts_arriving_close_together_share_a_step():
+    """--scheduler-delay-factor 1: with a request running, a new prompt waits until it has
+    waited as long as the last prompt step took (0.1 s here), so a second prompt arriving
+    meanwhile joins the same prefill step; with nothing running, a prompt is admitted at once."""
+    bm = BlockManager(16, 4)
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64,
+                                  scheduler_delay_factor=1.0), bm, max_model_len=64)
+    a = Request("a", None, [1, 2, 3], SamplingParams(max_tokens=8), None, arrival_time=0.0)
+    s.add_request(a)
+    out = s.schedule(now=0.0)  # nothing runs: admitted at once
+    assert [r.req_id for r in out.requests] == ["a"]
+    run_step(s, out)
+    out = s.schedule(now=0.1)  # the prompt step took 0.1 s
+    assert s.prompt_step_s == pytest.approx(0.1) and [r.req_id for r in out.requests] == ["a"]
+    run_step(s, out)
+    b = Request("b", None, [4, 5], SamplingParams(max_tokens=8), None, arrival_time=0.15)
+    c = Request("c", None, [6, 7], SamplingParams(max_tokens=8), None, arrival_time=0.2)
+    s.add_request(b)
+    out = s.schedule(now=0.2)  # b has waited 0.05 s < 0.1 s: decode only
+    assert [r.req_id for r in out.requests] == ["a"]
+    run_step(s, out)
+    s.add_request(c)
+    out = s.schedule(now=0.26)  # b has waited 0.11 s: b and c share the step
+    assert [r.req_id for r in out.requests] == ["a", "b", "c"]
+
+
+def test_no_delay_by_default():
+    s, _ = make()
+    s.add_request(req("a", 3))
+    run_step(s, s.schedule(now=0.0))
+    s.schedule(now=10.0)
+    s.add_request(req("b", 3))
+    assert [r.req_id for r in s.schedule(now=10.0).requests] == ["a", "b"]

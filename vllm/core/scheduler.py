@@ -4,6 +4,7 @@ sequence limit and the KV blocks allow. When blocks run out it preempts the newe
 request (its blocks are freed; it is recomputed from its tokens later), so nothing is lost.
 After the step it appends what each request sampled, token by token, up to the first token
 that ends it (eos, a stop token id, max_tokens, max_model_len)."""
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -77,6 +78,10 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        # --scheduler-delay-factor: the last step that admitted prompts, from its schedule()
+        # to the next one (seconds), and when that step was scheduled (None: not the last)
+        self.prompt_step_s = 0.0
+        self._prompt_step_start: Optional[float] = None
 
     def add_request(self, req: Request) -> None:
         if req.req_id in self.requests:
@@ -101,12 +106,17 @@ class Scheduler:
     def num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def schedule(self, num_lookahead: int = 0,
-                 resting: Iterable[str] = ()) -> SchedulerOutput:
+    def schedule(self, num_lookahead: int = 0, resting: Iterable[str] = (),
+                 now: Optional[float] = None) -> SchedulerOutput:
         """num_lookahead: KV slots (and token budget) to reserve past the last token of each
         decoding request, for the k drafts of speculative decoding. resting: ids of running
         requests left out of this step (batched overlap: their drafts are being made while
-        the others are verified); they keep their KV blocks."""
+        the others are verified); they keep their KV blocks. now: time.time() (tests set
+        it)."""
+        now = time.time() if now is None else now
+        if self._prompt_step_start is not None:
+            self.prompt_step_s = now - self._prompt_step_start
+            self._prompt_step_start = None
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         resting = set(resting)
@@ -138,7 +148,9 @@ class Scheduler:
             budget -= num_new + lookahead
             i += 1
         # 2. admit waiting requests (not in a step that had to preempt)
-        while (self.waiting and not out.preempted and budget > 0
+        admitted = 0
+        due = bool(self.waiting) and self._admission_due(now)
+        while (due and self.waiting and not out.preempted and budget > 0
                and len(self.running) < self.config.max_num_seqs):
             req = self.waiting[0]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
@@ -155,7 +167,22 @@ class Scheduler:
             out.num_lookahead.append(0)
             out.draft_token_ids.append([])
             budget -= num_new
+            admitted += 1
+        if admitted:
+            self._prompt_step_start = now
         return out
+
+    def _admission_due(self, now: float) -> bool:
+        """Whether waiting prompts may join this step. With --scheduler-delay-factor f > 0 and
+        requests running, once the oldest waiting one has waited f times the last prompt
+        step's duration: prompts that arrive close together (as the requests of a batch
+        finish one by one, which speculative decoding makes common) then share one prefill
+        step instead of each stalling the running requests for one. Without running requests,
+        or with f = 0, at once."""
+        f = self.config.scheduler_delay_factor
+        if f <= 0 or not self.running:
+            return True
+        return now - self.waiting[0].arrival_time >= f * self.prompt_step_s
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)

@@ -1,8 +1,9 @@
 """Attention layer: rotates the step's queries and keys, writes its new K/V into the paged cache
 (both in one vllm._C call where the op has a kernel), then attends over it.
-Prefill-only batches on the GPU use dense causal SDPA over the fresh K/V (flash); every other
-batch (decode, speculative verification, chunked prefill, and everything on the CPU) uses the
-paged_attention op of vllm._C."""
+Prefill-only batches on the GPU use dense causal flash attention over the fresh K/V: in fp16 and
+bf16 every prompt's rows in one variable-length call, otherwise SDPA a prompt at a time; every
+other batch (decode, speculative verification, chunked prefill, and everything on the CPU) uses
+the paged_attention op of vllm._C."""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,7 +51,7 @@ class Attention(nn.Module):
             pa.write_to_paged_cache(k, v, key_cache, value_cache, md.slot_mapping)
         q = q.view(num_tokens, self.num_heads, self.head_size)
         if md.prefill_only and q.is_cuda:
-            out = self._dense_prefill(q, k, v, md.query_lens)
+            out = self._dense_prefill(q, k, v, md.query_start_loc, md.query_lens)
         else:
             out = pa.paged_attention(q.contiguous(), key_cache, value_cache, md.block_tables,
                                      md.context_lens, md.query_start_loc, md.max_context_len,
@@ -58,7 +59,19 @@ class Attention(nn.Module):
         return out.view(num_tokens, self.num_heads * self.head_size)
 
     def _dense_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       query_lens: list[int]) -> torch.Tensor:
+                       query_start_loc: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
+        """Causal attention of each prompt over its own rows: q [num_tokens, num_heads,
+        head_size], k/v [num_tokens, num_kv_heads, head_size], the prompts' rows from
+        query_start_loc (int32, on q's device)."""
+        if q.dtype in (torch.float16, torch.bfloat16) and self.head_size % 8 == 0 and (
+                self.head_size <= 256):
+            # one launch for all prompts (a call a prompt cost ~3 ms of host time per prompt
+            # over 32 layers on the H200's host: 16 prompts of 128 tokens took 92 ms, 44 on
+            # the GPU); flash takes the GQA groups itself
+            n = max(query_lens)
+            return torch.ops.aten._flash_attention_forward(
+                q, k, v, query_start_loc, query_start_loc, n, n, 0.0, True, False,
+                scale=self.scale)[0]
         out = torch.empty_like(q)
         start = 0
         with sdpa_kernel(PREFILL_BACKENDS):
