@@ -6,7 +6,7 @@ environment switches (read at each call, so each setting is captured apart). Flo
 bytes the calls read over the copy bandwidth measured here. max_context_len is what the
 engine's CUDA graphs pass (--max-context, unless a case's context is longer).
 
-    python -m benchmarks.benchmark_attention_cuda [--variants "default VLLM_CUDA_ATTN_DECODE=warp"]
+    python -m benchmarks.benchmark_attention_cuda [--variants "default VLLM_CUDA_ATTN_COMBINE=kernel"]
 """
 import argparse
 import os

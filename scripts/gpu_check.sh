@@ -268,8 +268,7 @@ if want profile; then
     "$PY" -m benchmarks.model_shapes $shape /tmp/$shape > /dev/null 2>&1
     # PROFILE_VARIANTS: space-separated runs, each "default" or comma-joined VAR=value settings,
     # e.g. "VLLM_CUDA_ATTN_COMBINE=kernel,VLLM_FUSED_ROTARY_CACHE=0 default" (VLLM_CUDA_GEMV,
-    # VLLM_CUDA_ATTN_PARTS, VLLM_CUDA_ATTN_COMBINE, VLLM_CUDA_ATTN_DECODE,
-    # VLLM_FUSED_ROTARY_CACHE: vllm/envs.py)
+    # VLLM_CUDA_ATTN_PARTS, VLLM_CUDA_ATTN_COMBINE, VLLM_FUSED_ROTARY_CACHE: vllm/envs.py)
     for variant in ${PROFILE_VARIANTS:-default}; do
       tag="${shape}_$(echo "$variant" | tr ',=' '_-')"
       echo "-- $shape, $variant"

@@ -38,18 +38,6 @@ def _attn_combine(raw: str) -> str:
     return raw.lower()
 
 
-def _blocks_per_sm(raw: str) -> int:
-    if not raw.strip().isdigit() or not 1 <= int(raw) <= 64:
-        raise ValueError("expected an integer from 1 to 64")
-    return int(raw)
-
-
-def _attn_decode(raw: str) -> str:
-    if raw.lower() not in ("tile", "warp"):
-        raise ValueError("expected tile or warp")
-    return raw.lower()
-
-
 # name -> (parser, default, description)
 _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_TARGET_DEVICE": (str.lower, "auto",
@@ -76,16 +64,6 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                "kernel at each call): last-block (the last block of each query "
                                "tile to finish merges them, one launch) or kernel (a second "
                                "launch, the combine kernel)"),
-    "VLLM_CUDA_ATTN_DECODE": (_attn_decode, "tile",
-                              "how CUDA paged attention's blocks of a few query rows (decode, "
-                              "short verifications) walk their keys (read by the kernel at each "
-                              "call): tile (K/V tiles staged in shared memory, the whole block "
-                              "on each) or warp (each warp on its own 32-key slices, K and V "
-                              "read straight into registers)"),
-    "VLLM_CUDA_ATTN_BLOCKS_PER_SM": (_blocks_per_sm, 4,
-                                     "CUDA paged attention splits each sequence's keys into "
-                                     "partitions until the launch has about this many blocks "
-                                     "per SM (1 to 64; read by the kernel at each call)"),
     "VLLM_FUSED_ROTARY_CACHE": (_flag, True,
                                 "the attention layers rotate queries and keys and write the "
                                 "paged cache in one vllm._C call (one CUDA launch instead of "

@@ -1,7 +1,5 @@
 // paged_attention on CUDA: split-K flash attention over paged K/V blocks; the partitions are
-// merged by the last block of each to finish, or by a combine pass. A block walks its partition
-// in K/V tiles staged in shared memory (here), or for decode rows with
-// VLLM_CUDA_ATTN_DECODE=warp in key slices a warp reads on its own (attention_warps.cuh).
+// merged by the last block of each to finish, or by a combine pass.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -11,20 +9,24 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
-#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
 #include "core/checks.h"
-#include "cuda/attention_common.cuh"
-#include "cuda/attention_warps.cuh"
 #include "cuda/dispatch.h"
 #include "ops.h"
 
 namespace vllm_cuda {
 namespace {
 
+constexpr int kThreads = 128, kWarps = kThreads / 32;
 constexpr int kTileKeys = 64;  // keys per K/V tile in shared memory
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
 
 // Rows per block: a prefill's (many rows share each K/V tile; fits sm_80's 163 KB), or
 // kFewRows for decode and short verifications (one to a few rows per sequence and kv head: the
@@ -57,8 +59,56 @@ struct Cfg {
   static constexpr size_t kBytes = kStats + 4 * kRows * sizeof(float);
   static_assert(HS % kVec == 0 && HS % 4 == 0 && kChunks <= kThreads, "unsupported head size");
   static_assert(kRows % kScoreGroups == 0, "rows must split evenly over the score groups");
-  static constexpr int kUnit = kTileKeys;  // partitions hold whole tiles
 };
+
+struct Params {
+  void* out;                   // [num_tokens, num_heads, HS]
+  const void* query;           // [num_tokens, num_heads, HS]
+  const void* key_cache;       // [num_blocks, num_kv_heads, block_size, HS]
+  const void* value_cache;     // same
+  const int* block_tables;     // [num_seqs, max_blocks]
+  const int* context_lens;     // [num_seqs]
+  const int* query_start_loc;  // [num_seqs + 1]
+  float* ws_o;   // [num_tokens, num_heads, num_parts, HS] partial outputs; null: one partition
+  float* ws_ml;  // [num_tokens, num_heads, num_parts, 2] partial (max, sum), log2 units
+  int num_seqs, num_tokens, num_heads, num_kv_heads, group, block_size, max_blocks;
+  int num_parts, part_size;
+  float scale_log2;  // scale * log2(e): scores live in log2 units for exp2f
+  int parts_by_context;  // partitions sized per sequence on the device (part_keys)
+  int combine_last_block;  // VLLM_CUDA_ATTN_COMBINE: counters wanted when partitioned
+  // [items * num_kv_heads] arrival counts, zero between launches: with them the last block of
+  // each (row tile, kv head) to finish merges the partitions itself; null: the combine kernel
+  int* counters;
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Keys visible to query token i of a sequence: causal among its q_len new tokens, clamped to
+// the keys the block table and the grid's partitions reach (both kernels must agree on it).
+__device__ __forceinline__ int reach_keys(const Params& p, int ctx) {
+  return min(ctx, min(p.max_blocks * p.block_size, p.num_parts * p.part_size));
+}
+__device__ __forceinline__ int visible_keys(const Params& p, int ctx, int q_len, int i) {
+  return min(ctx - q_len + i + 1, reach_keys(p, ctx));
+}
+
+// Keys per partition for a sequence of ctx keys: the launch's part_size (sized on the host for
+// max_context_len), or with parts_by_context the fewest whole tiles that spread the keys the
+// sequence reaches over the grid's partitions: a CUDA graph captured for the longest context
+// then splits a short one over as many blocks as a long one, each walking fewer tiles. Both
+// kernels must agree on it; num_parts * part_keys covers the keys visible_keys reaches.
+__device__ __forceinline__ int part_keys(const Params& p, int ctx) {
+  if (!p.parts_by_context) return p.part_size;
+  const int per = (reach_keys(p, ctx) + p.num_parts - 1) / p.num_parts;
+  return max(kTileKeys, min(p.part_size, (per + kTileKeys - 1) / kTileKeys * kTileKeys));
+}
 
 // 16-byte global -> shared copy that bypasses registers; zero-fills when !valid.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
@@ -158,7 +208,14 @@ __device__ __forceinline__ void attend(const Params& p, int seq, int row0) {
   const T* value_cache = static_cast<const T*>(p.value_cache);
 
   // Queries in fp32, pre-scaled into log2 units; running stats; visible keys per row.
-  load_queries<T, HS>(p, q_s, q_start, row0, rows, kv_head);
+  for (int idx = tid; idx < rows * C::kChunks; idx += kThreads) {
+    const int r = idx / C::kChunks, c = idx % C::kChunks, row = row0 + r;
+    const int64_t head = static_cast<int64_t>(q_start + row / p.group) * p.num_heads +
+                         kv_head * p.group + row % p.group;
+    const P v = reinterpret_cast<const P*>(static_cast<const T*>(p.query) + head * HS)[c];
+#pragma unroll
+    for (int e = 0; e < C::kVec; ++e) q_s[r * HS + c * C::kVec + e] = static_cast<float>(v.v[e]) * p.scale_log2;
+  }
   for (int r = tid; r < R; r += kThreads) {
     m_s[r] = -INFINITY;
     l_s[r] = 0.f;
@@ -166,8 +223,12 @@ __device__ __forceinline__ void attend(const Params& p, int seq, int row0) {
   }
   // Element offsets of tile t's cache rows (-1 past key_end), double-buffered by tile parity.
   auto fill_offsets = [&](int t) {
+    const int pos = key_begin + t * kTileKeys + tid;
     if (tid < kTileKeys) {
-      offs[(t & 1) * kTileKeys + tid] = key_row<HS>(p, table, key_begin + t * kTileKeys + tid, kv_head, key_end);
+      offs[(t & 1) * kTileKeys + tid] =
+          pos >= key_end ? -1
+                         : ((static_cast<int64_t>(table[pos / p.block_size]) * p.num_kv_heads +
+                             kv_head) * p.block_size + pos % p.block_size) * HS;
     }
   };
   auto load_tile = [&](T* dst, const T* cache, int t) {  // one cp.async group per call
@@ -300,10 +361,21 @@ __device__ __forceinline__ void attend(const Params& p, int seq, int row0) {
   // Rows that see a key of this partition write o / l: straight to out when there is one
   // partition, else to the workspace with (m, l) for the combine kernel.
   for (int idx = tid; idx < rows * (HS / 4); idx += kThreads) {
-    const int r = idx / (HS / 4), d = idx % (HS / 4) * 4;
+    const int r = idx / (HS / 4), d = idx % (HS / 4) * 4, row = row0 + r;
     if (vis_s[r] <= key_begin) continue;
-    store_part<T, HS>(p, row_head(p, q_start, row0 + r, kv_head), d,
-                      *reinterpret_cast<const float4*>(o_s + r * HS + d), m_s[r], l_s[r]);
+    const float inv = 1.f / l_s[r];  // l >= 1: the row's largest score contributes exp2(0)
+    const float4 o_sum = *reinterpret_cast<const float4*>(o_s + r * HS + d);
+    const float4 o = make_float4(o_sum.x * inv, o_sum.y * inv, o_sum.z * inv, o_sum.w * inv);
+    const int64_t head = static_cast<int64_t>(q_start + row / p.group) * p.num_heads +
+                         kv_head * p.group + row % p.group;
+    if (p.ws_o == nullptr) {
+      *reinterpret_cast<Pack<T, 4>*>(static_cast<T*>(p.out) + head * HS + d) =
+          Pack<T, 4>{{static_cast<T>(o.x), static_cast<T>(o.y), static_cast<T>(o.z), static_cast<T>(o.w)}};
+    } else {
+      const int64_t slot = head * p.num_parts + part;
+      *reinterpret_cast<float4*>(p.ws_o + slot * HS + d) = o;
+      if (d == 0) reinterpret_cast<float2*>(p.ws_ml)[slot] = make_float2(m_s[r], l_s[r]);
+    }
   }
 }
 
@@ -327,17 +399,18 @@ __device__ __forceinline__ void combine_if_last(const Params& p, int seq, int ro
   const int ctx = p.context_lens[seq], part_size = part_keys(p, ctx);
   const int rows = min(ROWS, q_len * p.group - row0);
   for (int r = threadIdx.x / 32; r < rows; r += kWarps) {
-    const int row = row0 + r;
-    combine_row<T, HS>(p, row_head(p, q_start, row, blockIdx.z),
-                       visible_keys(p, ctx, q_len, row / p.group), part_size, threadIdx.x % 32);
+    const int row = row0 + r, i = row / p.group;
+    const int64_t idx = static_cast<int64_t>(q_start + i) * p.num_heads +
+                        blockIdx.z * p.group + row % p.group;
+    combine_row<T, HS>(p, idx, visible_keys(p, ctx, q_len, i), part_size, threadIdx.x % 32);
   }
 }
 
 // grid (items, partitions, kv heads): item x is a tile of kRows rows r = i * group + g of one
 // sequence's q_len tokens i (find_item); partition y covers keys [y, y + 1) * part_keys. The
-// block reads each key once for all its rows and keeps a running (max m, sum l, output) per
-// row, flash-attention style: in K/V tiles (attend) or, SLICES, in warps' key slices.
-template <typename T, int HS, int ROWS, bool SLICES>
+// block loads each K/V tile once for all its rows and keeps a running (max m, sum l, output)
+// per row, flash-attention style.
+template <typename T, int HS, int ROWS>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params p) {
   __shared__ int2 item;
   if (threadIdx.x < 32) {
@@ -347,11 +420,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
   __syncthreads();
   const int seq = item.x, row0 = item.y * ROWS;
   if (seq < 0) return;  // the grid over-counts items (no block of such an item arrives)
-  if constexpr (SLICES) {
-    attend_slices<T, HS, ROWS>(p, seq, row0);
-  } else {
-    attend<T, HS, ROWS>(p, seq, row0);
-  }
+  attend<T, HS, ROWS>(p, seq, row0);
   if (p.counters != nullptr) combine_if_last<T, HS, ROWS>(p, seq, row0);
 }
 
@@ -415,25 +484,22 @@ int* arrival_counters(int64_t needed, int device, cudaStream_t stream) {
   return array;
 }
 
-template <typename T, int HS, int ROWS, bool SLICES>
-void launch(Params p, const at::Tensor& query, int64_t max_context_len, int blocks_per_sm,
-            cudaStream_t stream) {
-  using C = std::conditional_t<SLICES, SliceCfg<T, HS, ROWS>, Cfg<T, HS, ROWS>>;
+template <typename T, int HS, int ROWS>
+void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStream_t stream) {
+  using C = Cfg<T, HS, ROWS>;
   // Items over-count the (sequence, row tile) pairs: sum_s ceil(q_s g / R) <= T g / R + S, and
   // each pair holds at least one of the T g rows.
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.group;
   const int64_t items = std::min(rows / C::kRows + p.num_seqs, rows);
-  // Split the context into enough partitions for blocks_per_sm blocks per SM (decode at small
-  // batch); large batches and prefills get one partition and skip the combine pass.
+  // Split the context into enough partitions for ~4 blocks per SM (decode at small batch);
+  // large batches and prefills get one partition and skip the combine pass.
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, query.get_device()));
-  const int64_t max_units = ceil_div(max_context_len, C::kUnit);
-  const int64_t wanted = std::clamp<int64_t>(
-      ceil_div(static_cast<int64_t>(blocks_per_sm) * sms, items * p.num_kv_heads), 1, max_units);
-  const int64_t units_per_part = ceil_div(max_units, wanted);
-  p.num_parts = static_cast<int>(ceil_div(max_units, units_per_part));
-  p.part_unit = C::kUnit;
-  p.part_size = static_cast<int>(units_per_part * C::kUnit);
+  const int64_t max_tiles = ceil_div(max_context_len, kTileKeys);
+  const int64_t wanted = std::clamp<int64_t>(ceil_div(4 * sms, items * p.num_kv_heads), 1, max_tiles);
+  const int64_t tiles_per_part = ceil_div(max_tiles, wanted);
+  p.num_parts = static_cast<int>(ceil_div(max_tiles, tiles_per_part));
+  p.part_size = static_cast<int>(tiles_per_part * kTileKeys);
   TORCH_CHECK(items <= INT32_MAX && p.num_parts <= 65535 && p.num_kv_heads <= 65535,
               "paged_attention: batch too large for one launch");
   at::Tensor ws;
@@ -446,7 +512,7 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, int bloc
   if (p.num_parts > 1 && p.combine_last_block) {
     p.counters = arrival_counters(items * p.num_kv_heads, query.get_device(), stream);
   }
-  auto kernel = paged_attention_kernel<T, HS, ROWS, SLICES>;
+  auto kernel = paged_attention_kernel<T, HS, ROWS>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(C::kBytes)));
   const dim3 grid(static_cast<unsigned>(items), p.num_parts, p.num_kv_heads);
@@ -460,24 +526,16 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, int bloc
 }
 
 // Few rows per block when the sequences bring few rows on average (decode, verification of a
-// few drafts), with `slices` in warps' key slices where the head fits them (a block of one
-// row when every sequence brings one); any choice computes the same result, only the speed
-// differs.
+// few drafts); either choice computes the same result, only the speed differs.
 template <typename T, int HS>
-void launch_rows(const Params& p, const at::Tensor& query, int64_t max_context_len, bool slices,
-                 int blocks_per_sm, cudaStream_t stream) {
+void launch_rows(const Params& p, const at::Tensor& query, int64_t max_context_len,
+                 cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.group;
-  if (rows > static_cast<int64_t>(kFewRows) * p.num_seqs || kFewRows >= kManyRows<T, HS>) {
-    return launch<T, HS, kManyRows<T, HS>, false>(p, query, max_context_len, blocks_per_sm,
-                                                  stream);
+  if (rows <= static_cast<int64_t>(kFewRows) * p.num_seqs && kFewRows < kManyRows<T, HS>) {
+    launch<T, HS, kFewRows>(p, query, max_context_len, stream);
+  } else {
+    launch<T, HS, kManyRows<T, HS>>(p, query, max_context_len, stream);
   }
-  if constexpr (SliceCfg<T, HS, 1>::kSupported) {
-    if (slices && rows <= p.num_seqs) {
-      return launch<T, HS, 1, true>(p, query, max_context_len, blocks_per_sm, stream);
-    }
-    if (slices) return launch<T, HS, kFewRows, true>(p, query, max_context_len, blocks_per_sm, stream);
-  }
-  launch<T, HS, kFewRows, false>(p, query, max_context_len, blocks_per_sm, stream);
 }
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
@@ -485,22 +543,6 @@ bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_
 // VLLM_CUDA_ATTN_PARTS: max (default: partitions sized for max_context_len, as captured in a
 // CUDA graph) or context (sized per sequence on the device: part_keys).
 int parts_by_context() { return env_picks_second("VLLM_CUDA_ATTN_PARTS", "max", "context"); }
-
-// VLLM_CUDA_ATTN_DECODE: tile (default: K/V tiles in shared memory) or warp (blocks of a few
-// rows walk warps' key slices: attention_warps.cuh).
-bool decode_in_slices() { return env_picks_second("VLLM_CUDA_ATTN_DECODE", "tile", "warp"); }
-
-// VLLM_CUDA_ATTN_BLOCKS_PER_SM: the blocks per SM the key partitions aim for, 1 to 64 (default
-// 4); more splits each sequence's keys over more, shorter partitions.
-int partition_blocks_per_sm() {
-  const char* v = std::getenv("VLLM_CUDA_ATTN_BLOCKS_PER_SM");
-  if (v == nullptr) return 4;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  TORCH_CHECK(end != v && *end == '\0' && n >= 1 && n <= 64,
-              "VLLM_CUDA_ATTN_BLOCKS_PER_SM must be an integer from 1 to 64, got '", v, "'");
-  return static_cast<int>(n);
-}
 
 }  // namespace
 
@@ -528,20 +570,18 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
            query_start_loc.data_ptr<int>(), nullptr, nullptr, static_cast<int>(num_seqs),
            static_cast<int>(num_tokens), static_cast<int>(num_heads), num_kv_heads,
            static_cast<int>(num_heads) / num_kv_heads, static_cast<int>(key_cache.size(2)),
-           static_cast<int>(block_tables.size(1)), 0, 0, 0, static_cast<float>(scale) * kLog2e,
+           static_cast<int>(block_tables.size(1)), 0, 0, static_cast<float>(scale) * kLog2e,
            parts_by_context(), combine_in_last_block(), nullptr};
   const c10::cuda::OptionalCUDAGuard guard(device_of(query));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const bool slices = decode_in_slices();
-  const int per_sm = partition_blocks_per_sm();
   VLLM_CUDA_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {
     switch (head_size) {
-      case 32: return launch_rows<scalar_t, 32>(p, query, max_context_len, slices, per_sm, stream);
-      case 64: return launch_rows<scalar_t, 64>(p, query, max_context_len, slices, per_sm, stream);
-      case 80: return launch_rows<scalar_t, 80>(p, query, max_context_len, slices, per_sm, stream);
-      case 96: return launch_rows<scalar_t, 96>(p, query, max_context_len, slices, per_sm, stream);
-      case 128: return launch_rows<scalar_t, 128>(p, query, max_context_len, slices, per_sm, stream);
-      case 256: return launch_rows<scalar_t, 256>(p, query, max_context_len, slices, per_sm, stream);
+      case 32: return launch_rows<scalar_t, 32>(p, query, max_context_len, stream);
+      case 64: return launch_rows<scalar_t, 64>(p, query, max_context_len, stream);
+      case 80: return launch_rows<scalar_t, 80>(p, query, max_context_len, stream);
+      case 96: return launch_rows<scalar_t, 96>(p, query, max_context_len, stream);
+      case 128: return launch_rows<scalar_t, 128>(p, query, max_context_len, stream);
+      case 256: return launch_rows<scalar_t, 256>(p, query, max_context_len, stream);
       default:
         TORCH_CHECK(false, "paged_attention supports head sizes 32, 64, 80, 96, 128 and 256, got ",
                     head_size);

@@ -46,22 +46,11 @@ def run_and_compare(context_lens, q_lens, num_heads, num_kv_heads, head_size, bl
         assert_close("paged_attention", out, ref, dtype)
 
 
-@pytest.fixture(params=["tile", "warp"])
-def decode_kernel(request, device, monkeypatch):
-    """VLLM_CUDA_ATTN_DECODE: the CUDA kernel's blocks of a few rows walk K/V tiles in shared
-    memory or warps' key slices (the CPU kernel has one path)."""
-    if device == "cpu" and request.param == "warp":
-        pytest.skip("VLLM_CUDA_ATTN_DECODE selects a CUDA kernel")
-    monkeypatch.setenv("VLLM_CUDA_ATTN_DECODE", request.param)
-    assert envs.VLLM_CUDA_ATTN_DECODE == request.param
-    return request.param
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("head_size", [64, 80, 96, 128])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 8), (12, 2), (14, 2)])
-def test_paged_attention_decode(device, head_size, block_size, num_heads, num_kv_heads, decode_kernel):
+def test_paged_attention_decode(device, head_size, block_size, num_heads, num_kv_heads):
     run_and_compare([1, 17, 64, 300, 33], [1] * 5, num_heads, num_kv_heads, head_size,
                     block_size, device)
 
@@ -70,7 +59,7 @@ def test_paged_attention_decode(device, head_size, block_size, num_heads, num_kv
 @pytest.mark.parametrize("head_size", [64, 128])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("k", [1, 4, 8])
-def test_paged_attention_verify(device, head_size, block_size, k, decode_kernel):
+def test_paged_attention_verify(device, head_size, block_size, k):
     """k drafts + the last accepted token scored at once, causal among themselves."""
     context_lens = [k + 1, 40, 129, 517]
     run_and_compare(context_lens, [k + 1] * 4, 16, 4, head_size, block_size, device)
@@ -80,7 +69,7 @@ def test_paged_attention_verify(device, head_size, block_size, k, decode_kernel)
 @pytest.mark.parametrize("head_size", [32, 64, 80, 128])
 @pytest.mark.parametrize("group,q_len", [(1, 1), (2, 1), (3, 1), (4, 1), (1, 2), (1, 3),
                                          (1, 4), (2, 2), (5, 1)])
-def test_paged_attention_few_rows_per_kv_head(device, head_size, group, q_len, decode_kernel):
+def test_paged_attention_few_rows_per_kv_head(device, head_size, group, q_len):
     """Tasks of 1-4 query rows per KV head (a GQA group's decode, a short causal verification
     with one KV head per query head: the CPU's register-held rows) and one past them."""
     context_lens = [q_len, 19, 64, 300, 33]
@@ -88,7 +77,7 @@ def test_paged_attention_few_rows_per_kv_head(device, head_size, group, q_len, d
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_paged_attention_mixed_prefill_and_decode(device, decode_kernel):
+def test_paged_attention_mixed_prefill_and_decode(device):
     """Variable q_len per sequence, including a whole-prompt prefill and an empty sequence."""
     run_and_compare([50, 7, 200, 90, 3], [50, 1, 9, 0, 3], 8, 2, 64, 16, device)
 
@@ -96,7 +85,7 @@ def test_paged_attention_mixed_prefill_and_decode(device, decode_kernel):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 8), (8, 4)])
 def test_paged_attention_few_rows_on_average_with_a_longer_query(device, num_heads,
-                                                                 num_kv_heads, decode_kernel):
+                                                                 num_kv_heads):
     """Decoding sequences beside one verifying 12 tokens: few rows per sequence on average (the
     CUDA kernel's small-block variant), one sequence spanning several of its blocks."""
     run_and_compare([30, 5, 77, 64, 31, 2, 100, 45], [1] * 7 + [12], num_heads, num_kv_heads,
@@ -107,7 +96,7 @@ def test_paged_attention_few_rows_on_average_with_a_longer_query(device, num_hea
 @pytest.mark.parametrize("parts", ["max", "context"])
 @pytest.mark.parametrize("combine", ["last-block", "kernel"])
 def test_paged_attention_partitions_sized_for_a_longer_context(device, parts, combine,
-                                                               decode_kernel, monkeypatch):
+                                                               monkeypatch):
     """As under a CUDA graph captured for the longest context: max_context_len far above the
     sequences' own, the CUDA kernel's partitions sized for it or per sequence on the device
     (VLLM_CUDA_ATTN_PARTS) and merged by their last block or a second kernel
@@ -122,24 +111,10 @@ def test_paged_attention_partitions_sized_for_a_longer_context(device, parts, co
 
 
 @pytest.mark.parametrize("device", DEVICES[1:])
-@pytest.mark.parametrize("per_sm", ["1", "64"])
-def test_paged_attention_blocks_per_sm(device, per_sm, decode_kernel, monkeypatch):
-    """VLLM_CUDA_ATTN_BLOCKS_PER_SM at its ends: one partition per sequence where the launch
-    has enough blocks, or as many as the keys allow (decode, verification, GQA)."""
-    monkeypatch.setenv("VLLM_CUDA_ATTN_BLOCKS_PER_SM", per_sm)
-    assert envs.VLLM_CUDA_ATTN_BLOCKS_PER_SM == int(per_sm)
-    run_and_compare([1, 17, 64, 300, 33, 129], [1] * 6, 32, 32, 128, 16, device, 2048)
-    run_and_compare([5, 40, 129, 517], [5] * 4, 16, 4, 128, 16, device, 1024)
-
-
-@pytest.mark.parametrize("device", DEVICES[1:])
 @pytest.mark.parametrize("variable,value,message", [
     ("VLLM_CUDA_ATTN_PARTS", "auto", "VLLM_CUDA_ATTN_PARTS must be max or context, got 'auto'"),
     ("VLLM_CUDA_ATTN_COMBINE", "tree",
      "VLLM_CUDA_ATTN_COMBINE must be last-block or kernel, got 'tree'"),
-    ("VLLM_CUDA_ATTN_DECODE", "lanes", "VLLM_CUDA_ATTN_DECODE must be tile or warp, got 'lanes'"),
-    ("VLLM_CUDA_ATTN_BLOCKS_PER_SM", "0",
-     "VLLM_CUDA_ATTN_BLOCKS_PER_SM must be an integer from 1 to 64, got '0'"),
 ])
 def test_paged_attention_rejects_an_unknown_mode(device, variable, value, message, monkeypatch):
     """Checked at every call, also where the launch needs no partitions (one here)."""
@@ -151,8 +126,7 @@ def test_paged_attention_rejects_an_unknown_mode(device, variable, value, messag
 
 @pytest.mark.parametrize("device", DEVICES[1:])
 @pytest.mark.parametrize("combine", ["last-block", "kernel"])
-def test_paged_attention_replayed_in_a_cuda_graph(device, combine, decode_kernel,
-                                                  monkeypatch):
+def test_paged_attention_replayed_in_a_cuda_graph(device, combine, monkeypatch):
     """Captured once after a warm-up (which sizes the arrival counters), replayed with new
     queries and context lengths: every replay equals the reference (the counters are left at
     zero by each launch, also inside a graph)."""
@@ -173,7 +147,7 @@ def test_paged_attention_replayed_in_a_cuda_graph(device, combine, decode_kernel
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_paged_attention_long_context(device, decode_kernel):
+def test_paged_attention_long_context(device):
     run_and_compare([4096 + 5, 2000], [1, 3], 32, 8, 128, 16, device)
 
 
