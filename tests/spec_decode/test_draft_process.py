@@ -72,6 +72,30 @@ def test_draft_process_greedy_equals_plain(reference, spec_target, spec_draft, d
     assert engine.proposer.proc.poll() is not None  # shutdown stopped it
 
 
+def test_drafting_ahead_switched_on_after_start_reaches_the_drafter(reference, spec_target,
+                                                                    spec_draft):
+    """As benchmark_spec_decode's '+ahead' rows do: an engine started with drafting ahead off,
+    then switched on (engine.draft_ahead), drafts ahead in its draft process from then on (its
+    steps' choice travels with each proposal); outputs unchanged. Before, the process kept the
+    flag it started with and such rows drafted synchronously."""
+    engine = spec_engine(spec_target, spec_draft, speculative_draft_ahead="off")
+    try:
+        assert not engine.draft_ahead
+        engine.draft_ahead = True
+        assert run(engine) == reference
+        made = engine.proposer.ahead_stats["made"]
+        assert made > 0 and engine.proposer.ahead_stats["used"] <= made
+        engine.draft_ahead = False
+        # the counts come with the drafter's next answer: the first run after switching off
+        # still brings those of the last step before it
+        assert run(engine) == reference
+        before = dict(engine.proposer.ahead_stats)
+        assert run(engine) == reference
+        assert engine.proposer.ahead_stats["made"] == before["made"]
+    finally:
+        engine.shutdown()
+
+
 def test_a_spinning_drafter_rests_once_steps_stop(spec_target, spec_draft, monkeypatch):
     """VLLM_DRAFTER_SPIN busy-waits only while steps come: the drafter burns CPU right after a
     generation, and none to speak of once SPIN_IDLE_S (and its threads' spin count) has

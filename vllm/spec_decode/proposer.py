@@ -40,7 +40,8 @@ class ProposalHandle:
 
 
 class Proposer(ABC):
-    # set by the engine: the target's forward leaves time to draft ahead (propose_ahead)
+    # set by the engine before each step's proposals: this step drafts ahead (a draft process
+    # does so after answering; an in-process proposer is called at propose_ahead)
     draft_ahead: bool = False
     runs_in_own_process: bool = False
 

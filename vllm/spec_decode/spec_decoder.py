@@ -155,6 +155,9 @@ class SpecDecoder:
         if self.proposer is None:
             return False
         start = time.perf_counter()
+        # this step's choice reaches a draft process with the proposal (it drafts ahead after
+        # answering); an in-process proposer drafts ahead from ahead_hook
+        self.proposer.draft_ahead = self.decision.draft_ahead
         ready = self._collect_inflight()
         idx = [i for i, n in enumerate(out.num_lookahead) if n > 0]
         if not idx and self.controller is not None and self.controller.feeding_pays():
