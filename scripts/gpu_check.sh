@@ -28,11 +28,10 @@
 #     export PAIR_TARGET_S=70 PAIR_DRAFT_S=45 PAIR_PROPOSERS=draft PAIR_HF= PAIR_KS=4,6,8 \
 #       PAIR_ADAPTIVE=1 PAIR_ROUNDS=2 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput SERVE_K=4;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
-#     PROFILE_SHAPES="llama-2-7b" PROFILE_BATCHES=1x1,1x5,32x1 \
-#       PROFILE_VARIANTS="default VLLM_CUDA_ATTN_COMBINE=kernel VLLM_CUDA_ATTN_PARTS=context" \
-#       bash scripts/gpu_check.sh profile /tmp/o;
-#     DRAFT_THREADS=8,16 DRAFT_PATHS=fused bash scripts/gpu_check.sh draft /tmp/o;
+#     SERVE_EXTRA="--scheduler-delay-factor 0.5" SERVE_TAG=delay bash scripts/gpu_check.sh serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
+#   (the next lease's plan: the served sweep with the one-call prefill, then both configs again
+#   with a prefill delay; the pair's "+ahead" rows now draft ahead in the draft process)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
 #   a pair stage is ~4 min with its training, ~1 min more per extra round)
 #   (each stage takes, on the H200: build ~85-100 s, goodput ~25 s a run (batch and mode), pair
@@ -290,7 +289,8 @@ if want serve; then
   [ -d /tmp/pair7b/target ] || { echo "serve needs the pair stage first"; exit 1; }
   # the benchmark client on a core of its own: engine core and API server 0-1, client 2,
   # drafter the rest (with 8+ cores; SERVE_CLIENT_CORE= keeps the defaults); SERVE_DRAFT_CPUS
-  # (a cpu list) gives the drafter those cores instead; SERVE_TAG names a second sweep's files
+  # (a cpu list) gives the drafter those cores instead; SERVE_TAG names a second sweep's files;
+  # SERVE_EXTRA: more server flags for every config (e.g. --scheduler-delay-factor 0.5)
   NCPU=$(nproc); CLIENT=""; DCPUS=""
   if [ "$NCPU" -ge 8 ] && [ -n "${SERVE_CLIENT_CORE-2}" ]; then
     CLIENT="--client-cpus ${SERVE_CLIENT_CORE-2}"
@@ -302,7 +302,7 @@ if want serve; then
     --layouts "${SERVE_LAYOUTS:-mp,inproc}" --configs "${SERVE_CONFIGS:-plain,draft}" --output-len 64 -- /tmp/pair7b/target --dtype bfloat16 \
     --max-model-len 2048 --max-num-seqs 64 --gpu-memory-utilization 0.6 \
     --speculative-model /tmp/pair7b/draft --cpu-draft-worker --num-speculative-tokens "${SERVE_K:-3}" \
-    --speculative-adaptive "${SERVE_ADAPTIVE:-off}" $DCPUS > "$OUT_DIR/serve_sweep$SUFFIX.log" 2>&1 || status=1
+    --speculative-adaptive "${SERVE_ADAPTIVE:-off}" $DCPUS ${SERVE_EXTRA:-} > "$OUT_DIR/serve_sweep$SUFFIX.log" 2>&1 || status=1
   grep -v "INFO\|WARNING\|it/s\]\|requests:" "$OUT_DIR/serve_sweep$SUFFIX.log" | tail -34
 fi
 exit "$status"
