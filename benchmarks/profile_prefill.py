@@ -1,13 +1,15 @@
 """Where a prefill step's time goes (a served request's TTFT): prompts of --input-len tokens, in
-batches of --batches prompts, each run as one engine step (max_tokens=1). Per batch: the
-engine's own timing of the step by phase (StepTimer, median over --iters runs), the step's
-wall time against the GPU time of its kernels (torch.profiler, one run), and the ops that
-took the most CPU time and the kernels that took the most GPU time. The floor beside it: the
-weights over the copy bandwidth measured in the same run (one pass over them).
+batches of --batches prompts, each run as one engine step (max_tokens=1), alone or, with
+--decoding N, beside N requests that decode (a mixed step, as a prompt arriving at a busy
+server gets). Per batch: the engine's own timing of the step by phase (StepTimer, median over
+--iters runs), the step's wall time against the GPU time of its kernels (torch.profiler, one
+run), and the ops that took the most CPU time and the kernels that took the most GPU time. The
+floor beside it: the weights over the copy bandwidth measured in the same run (one pass).
 
     python benchmarks/profile_prefill.py --model MODEL --load-format dummy --dtype bfloat16 \
-        --input-len 128 --batches 1,4 [--output-json out.json]"""
+        --input-len 128 --batches 1,4 [--decoding 16] [--output-json out.json]"""
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -30,24 +32,44 @@ def prompts(batch: int, length: int, vocab: int, offset: int) -> list[dict]:
                                   for j in range(length)]} for i in range(batch)]
 
 
+def prompt_step(engine, batch: int, args, vocab: int, run: int, profile=None) -> tuple:
+    """Starts args.decoding requests (their prefill runs first: they then decode), adds batch
+    prompts and runs the one step that prefills them (beside the decodes); the rest is aborted.
+    The step's wall ms and its StepTimer figures; profile: a context to run the step in."""
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    if args.decoding:
+        busy = SamplingParams(max_tokens=1024, temperature=0.0, ignore_eos=True)
+        for i, p in enumerate(prompts(args.decoding, args.input_len, vocab, 10**6 + run)):
+            engine.add_request(f"d{run}-{i}", p, busy)
+        engine.step()
+    for i, p in enumerate(prompts(batch, args.input_len, vocab, run)):
+        engine.add_request(f"p{run}-{i}", p, params)
+    before = engine.step_timer.as_dict()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile or contextlib.nullcontext():
+        engine.step()
+        torch.cuda.synchronize()
+    wall = 1e3 * (time.perf_counter() - start)
+    timed = per_step_ms(before, engine.step_timer.as_dict())
+    engine.abort_request([f"d{run}-{i}" for i in range(args.decoding)] +
+                         [f"p{run}-{i}" for i in range(batch)])
+    return wall, timed
+
+
 def profile_batch(llm: LLM, batch: int, args, vocab: int) -> dict:
     engine = llm.llm_engine
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     run = iter(range(10**6))
     for _ in range(3):  # warm-up: the shapes' first calls
-        llm.generate(prompts(batch, args.input_len, vocab, next(run)), params, use_tqdm=False)
+        prompt_step(engine, batch, args, vocab, next(run))
     walls, steps = [], []
     for _ in range(args.iters):
-        before = engine.step_timer.as_dict()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        llm.generate(prompts(batch, args.input_len, vocab, next(run)), params, use_tqdm=False)
-        walls.append(1e3 * (time.perf_counter() - start))
-        steps.append(per_step_ms(before, engine.step_timer.as_dict()))
+        wall, timed = prompt_step(engine, batch, args, vocab, next(run))
+        walls.append(wall)
+        steps.append(timed)
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        llm.generate(prompts(batch, args.input_len, vocab, next(run)), params, use_tqdm=False)
-        torch.cuda.synchronize()
+    prof = torch.profiler.profile(activities=activities)
+    prompt_step(engine, batch, args, vocab, next(run), prof)
     events = prof.key_averages()
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     cpu_ops = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
@@ -55,7 +77,8 @@ def profile_batch(llm: LLM, batch: int, args, vocab: int) -> dict:
     phases = {k: statistics.median(s[k] for s in steps)
               for k in steps[0] if k.endswith("_ms") and steps[0][k] is not None}
     return {
-        "batch": batch, "input_len": args.input_len, "wall_ms": statistics.median(walls),
+        "batch": batch, "input_len": args.input_len, "decoding": args.decoding,
+        "wall_ms": statistics.median(walls),
         "engine_step_ms": phases.get("prefill_step_ms"), "phases_ms": phases,
         "gpu_kernel_ms_profiled": gpu_ms,
         "top_cpu_ops": [{"name": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3,
@@ -78,8 +101,9 @@ def main(args) -> dict:
     for batch in (int(b) for b in args.batches.split(",")):
         row = profile_batch(llm, batch, args, vocab)
         rows.append(row)
-        print(f"== {batch} prompt(s) x {args.input_len} tokens: wall {row['wall_ms']:.2f} ms, "
-              f"engine step {row['engine_step_ms'] or 0:.2f} ms, kernels "
+        beside = f" beside {args.decoding} decoding" if args.decoding else ""
+        print(f"== {batch} prompt(s) x {args.input_len} tokens{beside}: wall "
+              f"{row['wall_ms']:.2f} ms, engine step {row['engine_step_ms'] or 0:.2f} ms, kernels "
               f"{row['gpu_kernel_ms_profiled']:.2f} ms (profiled run), weights floor "
               f"{floor_ms:.2f} ms")
         print("   phases: " + " ".join(f"{k[:-3]} {v:.2f}" for k, v in row["phases_ms"].items()
@@ -98,6 +122,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--batches", default="1,4")
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--decoding", type=int, default=0,
+                        help="requests decoding in the profiled step beside the prompts")
     parser.add_argument("--output-json", default=None)
     return parser
 

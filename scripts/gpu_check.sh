@@ -29,9 +29,14 @@
 #       PAIR_ADAPTIVE=1 PAIR_ROUNDS=2 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput SERVE_K=4;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     SERVE_EXTRA="--scheduler-delay-factor 0.5" SERVE_TAG=delay bash scripts/gpu_check.sh serve /tmp/o;
+#     python3 benchmarks/profile_prefill.py --model /tmp/pair7b/target --dtype bfloat16 \
+#       --max-model-len 2048 --gpu-memory-utilization 0.6 --batches 1,2 --decoding 16 \
+#       --output-json /tmp/o/profile_mixed.json > /tmp/o/profile_mixed.log 2>&1;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
 #   (the next lease's plan: the served sweep with the one-call prefill, then both configs again
-#   with a prefill delay; the pair's "+ahead" rows now draft ahead in the draft process)
+#   with a prefill delay, then a prompt's step beside 16 decoding requests (the served mixed
+#   step: paged attention and eager launches, not the one-call prefill); the pair's "+ahead"
+#   rows now draft ahead in the draft process)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
 #   a pair stage is ~4 min with its training, ~1 min more per extra round)
 #   (each stage takes, on the H200: build ~85-100 s, goodput ~25 s a run (batch and mode), pair
