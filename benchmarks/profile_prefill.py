@@ -45,11 +45,12 @@ def prompt_step(engine, batch: int, args, vocab: int, run: int, profile=None) ->
     for i, p in enumerate(prompts(batch, args.input_len, vocab, run)):
         engine.add_request(f"p{run}-{i}", p, params)
     before = engine.step_timer.as_dict()
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
     start = time.perf_counter()
     with profile or contextlib.nullcontext():
         engine.step()
-        torch.cuda.synchronize()
+        sync()
     wall = 1e3 * (time.perf_counter() - start)
     timed = per_step_ms(before, engine.step_timer.as_dict())
     engine.abort_request([f"d{run}-{i}" for i in range(args.decoding)] +
@@ -67,7 +68,8 @@ def profile_batch(llm: LLM, batch: int, args, vocab: int) -> dict:
         wall, timed = prompt_step(engine, batch, args, vocab, next(run))
         walls.append(wall)
         steps.append(timed)
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    activities = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if args.device_type == "cuda" else [])
     prof = torch.profiler.profile(activities=activities)
     prompt_step(engine, batch, args, vocab, next(run), prof)
     events = prof.key_averages()
@@ -95,8 +97,10 @@ def main(args) -> dict:
                  and v is not None})
     engine = llm.llm_engine
     vocab = engine.config.hf_config.vocab_size
-    bw = copy_bandwidth_gbps("cuda", 2 << 30)
-    floor_ms = weight_bytes(engine.worker.model_runner.model) / (bw * 1e9) * 1e3
+    model = engine.worker.model_runner.model
+    args.device_type = next(model.parameters()).device.type
+    bw = copy_bandwidth_gbps(args.device_type, (2 << 30) if args.device_type == "cuda" else 1 << 28)
+    floor_ms = weight_bytes(model) / (bw * 1e9) * 1e3
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         row = profile_batch(llm, batch, args, vocab)

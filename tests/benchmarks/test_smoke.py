@@ -133,3 +133,18 @@ def test_benchmark_draft(tmp_path, tiny_llama):
         ("float32", 1, "fused"), ("float32", 1, "native")]
     for row in rows:
         assert 0 < row["min"] <= row["ms_per_forward"] and row["floor_ms"] > 0
+
+
+def test_profile_prefill(tmp_path, tiny_llama):
+    """A prompt's step alone and beside decoding requests (the mixed step): the engine's step
+    time, its phases and the profiler's ops are recorded."""
+    out = tmp_path / "p.json"
+    run("profile_prefill.py", "--model", tiny_llama, "--device", "cpu", "--dtype", "float32",
+        "--input-len", "8", "--batches", "1,2", "--iters", "2", "--decoding", "2",
+        "--output-json", str(out))
+    result = json.loads(out.read_text())
+    assert [r["batch"] for r in result["rows"]] == [1, 2]
+    for r in result["rows"]:
+        assert r["decoding"] == 2 and r["engine_step_ms"] > 0 and r["wall_ms"] > 0
+        assert r["phases_ms"]["execute_ms"] > 0 and r["top_cpu_ops"]
+    assert result["weights_floor_ms"] > 0
