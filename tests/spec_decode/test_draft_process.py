@@ -96,6 +96,35 @@ def test_drafting_ahead_switched_on_after_start_reaches_the_drafter(reference, s
         engine.shutdown()
 
 
+@pytest.mark.parametrize("adaptive", ["off", "on"])
+def test_prompts_reach_the_drafter_in_the_step_that_prefills_them(reference, spec_target,
+                                                                  spec_draft, adaptive):
+    """Prompts arriving while a request decodes (as at a busy server) are sent to the draft
+    process in the step that prefills them, so that their first proposal does not prefill
+    them (which the engine waits for); outputs still equal plain decoding."""
+    engine = spec_engine(spec_target, spec_draft, speculative_adaptive=adaptive)
+    try:
+        engine.add_request("0", PROMPTS[0], GREEDY)
+        engine.step()  # 0's prompt
+        engine.step()  # 0 decodes
+        for i in range(1, len(PROMPTS)):
+            engine.add_request(str(i), PROMPTS[i], GREEDY)
+        outputs = {}
+        for out in engine.step():  # their prompts, beside 0's decoding
+            if out.finished:
+                outputs[out.request_id] = out.outputs[0].token_ids
+        for i in range(1, len(PROMPTS)):
+            req = engine.groups[str(i)].children[0]
+            assert engine.spec._seen[req.req_id] == req.num_prompt_tokens
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    outputs[out.request_id] = out.outputs[0].token_ids
+        assert [outputs[str(i)] for i in range(len(PROMPTS))] == reference
+    finally:
+        engine.shutdown()
+
+
 def test_a_spinning_drafter_rests_once_steps_stop(spec_target, spec_draft, monkeypatch):
     """VLLM_DRAFTER_SPIN busy-waits only while steps come: the drafter burns CPU right after a
     generation, and none to speak of once SPIN_IDLE_S (and its threads' spin count) has

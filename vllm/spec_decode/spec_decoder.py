@@ -160,7 +160,9 @@ class SpecDecoder:
         self.proposer.draft_ahead = self.decision.draft_ahead
         ready = self._collect_inflight()
         idx = [i for i, n in enumerate(out.num_lookahead) if n > 0]
-        if not idx and self.controller is not None and self.controller.feeding_pays():
+        if not idx and self.controller is None:
+            self._feed(self._prompts(out))  # the next steps draft for them
+        elif not idx and self.controller.feeding_pays():
             self._observe(out)
         need = [i for i in idx if out.requests[i].req_id not in ready]
         # a proposal measures the draft forward when the drafter is caught up: it drafted for
@@ -187,6 +189,7 @@ class SpecDecoder:
         self._send_resting()
         if not idx:
             return False
+        self._feed(self._prompts(out))
         self.metrics.draft_time_s += self._draft_s
         self.metrics.num_propose_calls += 1
         drafted = {out.requests[i].req_id for i in idx if out.draft_token_ids[i]}
@@ -196,9 +199,32 @@ class SpecDecoder:
 
     def _observe(self, out: SchedulerOutput) -> None:
         """A plain step: a proposer with cores of its own catches up on the decoding requests'
-        tokens meanwhile (the controller's next probe then costs drafting only)."""
-        reqs = [r for r, n in zip(out.requests, out.num_scheduled_tokens) if n == 1]
-        if reqs and self.proposer.observe(reqs):
+        tokens meanwhile (the controller's next probe then costs drafting only), and on the
+        prompts the step completes."""
+        decoding = [r for r, n in zip(out.requests, out.num_scheduled_tokens) if n == 1]
+        self._feed(decoding + self._prompts(out))
+
+    @staticmethod
+    def _prompts(out: SchedulerOutput) -> list[Request]:
+        """The requests whose prompt (or recomputation) this step completes: they decode from
+        the next step."""
+        return [r for i, r in enumerate(out.requests) if out.num_lookahead[i] == 0
+                and out.samples(i) and (r.num_computed_tokens == 0
+                                        or out.num_scheduled_tokens[i] > 1)]
+
+    def _feed(self, reqs: list[Request]) -> None:
+        """Sends reqs' tokens to a proposer with cores of its own to catch up on while the
+        target runs this step (after the step's proposals: the engine does not wait for it).
+        A prompt fed so is not prefilled in its first proposal, which the engine waits for."""
+        if not reqs:
+            return
+        try:
+            fed = self.proposer.observe(reqs)
+        except Exception:  # noqa: BLE001 - speculation is an optimisation: the step goes on
+            logger.exception("the proposer failed catching up; its requests are resynced")
+            self.free(reqs)
+            return
+        if fed:
             for r in reqs:
                 self._seen[r.req_id] = r.num_tokens
 
