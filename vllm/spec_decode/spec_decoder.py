@@ -202,7 +202,8 @@ class SpecDecoder:
         tokens meanwhile (the controller's next probe then costs drafting only), and on the
         prompts the step completes."""
         decoding = [r for r, n in zip(out.requests, out.num_scheduled_tokens) if n == 1]
-        self._feed(decoding + self._prompts(out))
+        ids = {r.req_id for r in decoding}  # a one-token prompt is both
+        self._feed(decoding + [r for r in self._prompts(out) if r.req_id not in ids])
 
     @staticmethod
     def _prompts(out: SchedulerOutput) -> list[Request]:
