@@ -69,7 +69,7 @@ def profile_batch(llm: LLM, batch: int, args, vocab: int) -> dict:
         walls.append(wall)
         steps.append(timed)
     activities = [torch.profiler.ProfilerActivity.CPU] + (
-        [torch.profiler.ProfilerActivity.CUDA] if args.device_type == "cuda" else [])
+        [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     prof = torch.profiler.profile(activities=activities)
     prompt_step(engine, batch, args, vocab, next(run), prof)
     events = prof.key_averages()
@@ -98,8 +98,8 @@ def main(args) -> dict:
     engine = llm.llm_engine
     vocab = engine.config.hf_config.vocab_size
     model = engine.worker.model_runner.model
-    args.device_type = next(model.parameters()).device.type
-    bw = copy_bandwidth_gbps(args.device_type, (2 << 30) if args.device_type == "cuda" else 1 << 28)
+    device = next(model.parameters()).device.type
+    bw = copy_bandwidth_gbps(device, (2 << 30) if device == "cuda" else 1 << 28)
     floor_ms = weight_bytes(model) / (bw * 1e9) * 1e3
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):

@@ -260,9 +260,8 @@ def print_summary(rows: list[dict]) -> None:
               "tokens emitted by verifications of all tokens")
     for r in controlled:
         spec = r["spec_decode"]
-        by_k = [int(v) for k, v in sorted(
-            ((k, v) for k, v in spec.items() if k.startswith("controller_k")),
-            key=lambda kv: int(kv[0][len("controller_k"):-len("_steps")]))]
+        num_k = sum(key.startswith("controller_k") for key in spec)
+        by_k = [int(spec[f"controller_k{k}_steps"]) for k in range(num_k)]
         total = r["output_throughput"] * r["duration_s"]
         print(f"{r['layout']:<8}{r['config']:<8}{r['concurrency']:>8}  k steps {by_k}, split "
               f"{spec.get('controller_num_split_steps', 0):.0f}, probes "

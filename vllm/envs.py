@@ -26,16 +26,13 @@ def _gemv_rows(raw: str) -> int:
     return 8 if _flag(raw) else 0
 
 
-def _attn_parts(raw: str) -> str:
-    if raw.lower() not in ("max", "context"):
-        raise ValueError("expected max or context")
-    return raw.lower()
-
-
-def _attn_combine(raw: str) -> str:
-    if raw.lower() not in ("last-block", "kernel"):
-        raise ValueError("expected last-block or kernel")
-    return raw.lower()
+def _one_of(*choices: str) -> Callable[[str], str]:
+    """A parser of one of choices (any case)."""
+    def parse(raw: str) -> str:
+        if raw.lower() not in choices:
+            raise ValueError(f"expected {' or '.join(choices)}")
+        return raw.lower()
+    return parse
 
 
 # name -> (parser, default, description)
@@ -53,13 +50,13 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                        "GEMV instead of torch's GEMM: off, on (steps of up to 8 rows) or the "
                        "most rows, 1 to 8 (default 2: the row counts it measured faster than "
                        "cuBLAS on the H200; 3-8 rows run at about cuBLAS's speed)"),
-    "VLLM_CUDA_ATTN_PARTS": (_attn_parts, "max",
+    "VLLM_CUDA_ATTN_PARTS": (_one_of("max", "context"), "max",
                              "CUDA paged attention's key partitions (read by the kernel at each "
                              "call): max sizes them on the host for max_context_len, as a CUDA "
                              "graph captures them; context sizes them per sequence on the device "
                              "from its own context (a short context over as many blocks as a "
                              "long one; tested on the H200, its speed not yet measured)"),
-    "VLLM_CUDA_ATTN_COMBINE": (_attn_combine, "last-block",
+    "VLLM_CUDA_ATTN_COMBINE": (_one_of("last-block", "kernel"), "last-block",
                                "how CUDA paged attention merges its key partitions (read by the "
                                "kernel at each call): last-block (the last block of each query "
                                "tile to finish merges them, one launch) or kernel (a second "

@@ -41,9 +41,7 @@ class SpecDecoder:
         self.spec_config = spec = config.speculative_config
         self.proposer: Optional[Proposer] = self._create_proposer(tokenizer) if (
             spec.enabled) else None
-        self.draft_ahead = self._draft_ahead()
-        if self.proposer is not None:
-            self.proposer.draft_ahead = self.draft_ahead
+        self.draft_ahead = self._draft_ahead()  # propose() passes each step's choice on
         self.controller: Optional[GoodputController] = None
         if self.proposer is not None and spec.speculative_adaptive == "on":
             self.controller = GoodputController(
@@ -160,10 +158,11 @@ class SpecDecoder:
         self.proposer.draft_ahead = self.decision.draft_ahead
         ready = self._collect_inflight()
         idx = [i for i, n in enumerate(out.num_lookahead) if n > 0]
-        if not idx and self.controller is None:
-            self._feed(self._prompts(out))  # the next steps draft for them
-        elif not idx and self.controller.feeding_pays():
-            self._observe(out)
+        if not idx:  # a plain step
+            if self.controller is None:
+                self._feed(self._prompts(out))  # the next steps draft for them
+            elif self.controller.feeding_pays():
+                self._observe(out)
         need = [i for i in idx if out.requests[i].req_id not in ready]
         # a proposal measures the draft forward when the drafter is caught up: it drafted for
         # the request in the last step, or saw its tokens but the last one or two
