@@ -308,8 +308,10 @@ def print_report(result: dict) -> None:
                     f"{r['drafter_first_forward_ms_per_step']:.2f})"
                     if r.get("drafter_busy_ms_per_step") else "")
             print(f"{r['proposer']:<18}{r['k']:>3}  {phases_line(e)}{busy}" + (
-                      f"; k chosen {r['controller']['k_histogram']}" if "controller" in r
-                      else ""))
+                      f"; k chosen {r['controller']['k_histogram']}, guard vetoed "
+                      f"{r['controller']['controller_num_vetoed']} measuring plain "
+                      f"{r['controller']['controller_num_measuring_plain']}"
+                      if "controller" in r else ""))
             for line in trace_lines(r.get("controller", {}).get("trace", [])):
                 print(f"{'':<18}{line}")
             for k, t in r.get("controller", {}).get("by_k", {}).items():

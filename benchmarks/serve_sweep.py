@@ -85,7 +85,8 @@ def tree_cpu(root: int) -> dict[str, dict]:
 
 
 SPEC_COUNTERS = ("num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
-                 "num_spec_steps", "controller_num_probes", "controller_num_split_steps")
+                 "num_spec_steps", "controller_num_probes", "controller_num_split_steps",
+                 "controller_num_vetoed", "controller_num_measuring_plain")
 
 
 def scrape(port: int) -> tuple[dict[str, float], dict]:
@@ -256,8 +257,9 @@ def print_summary(rows: list[dict]) -> None:
               f"{_ms(e['engine_ttft_ms'])} client {r['ttft_ms_mean']:.2f}")
     controlled = [r for r in rows if any(k.startswith("controller_k") for k in r["spec_decode"])]
     if controlled:
-        print("the goodput controller's steps by k chosen (0: plain), its split steps and probes; "
-              "tokens emitted by verifications of all tokens")
+        print("the goodput controller's steps by k chosen (0: plain), its split steps, probes, "
+              "steps its guard vetoed or kept plain to measure; tokens emitted by verifications "
+              "of all tokens")
     for r in controlled:
         spec = r["spec_decode"]
         num_k = sum(key.startswith("controller_k") for key in spec)
@@ -265,7 +267,9 @@ def print_summary(rows: list[dict]) -> None:
         total = r["output_throughput"] * r["duration_s"]
         print(f"{r['layout']:<8}{r['config']:<8}{r['concurrency']:>8}  k steps {by_k}, split "
               f"{spec.get('controller_num_split_steps', 0):.0f}, probes "
-              f"{spec.get('controller_num_probes', 0):.0f}; verified "
+              f"{spec.get('controller_num_probes', 0):.0f}, vetoed "
+              f"{spec.get('controller_num_vetoed', 0):.0f}, measuring plain "
+              f"{spec.get('controller_num_measuring_plain', 0):.0f}; verified "
               f"{spec.get('num_emitted_tokens', 0):.0f} of {total:.0f} tokens")
 
 

@@ -97,8 +97,8 @@ class SpeculativeConfig:
                                                    "longer ones continue without speculation")
     speculative_draft_ahead: str = doc(
         "auto", "draft past the proposal while the target verifies it (used when every draft "
-        "is accepted): auto (when the draft runs on another device than the target, in the "
-        "engine's process), on, off (ours)", choices=["auto", "on", "off"])
+        "is accepted): auto (when the draft runs on another device than the target), on, "
+        "off (ours)", choices=["auto", "on", "off"])
     speculative_adaptive: str = doc(
         "on", "goodput controller: pick k (0 = plain decoding) and drafting ahead each step "
         "from measured costs and acceptance; off: always the configured k (ours)",

@@ -36,7 +36,12 @@ Batched overlap (`can_split`, the draft in its own process): a split step verifi
 batch while the drafter drafts the other half, then the halves swap; it takes
     t_split(k, B) = max(t_first(B/2) + (k - 1) * t_draft(B/2), t_verify(B/2 * (k + 1)))
 for half the batch's tokens, and is chosen when that models more goodput than any unsplit k
-(by SPLIT_MARGIN): when drafting a whole batch costs about as much as verifying it."""
+(by SPLIT_MARGIN): when drafting a whole batch costs about as much as verifying it.
+
+What the model leaves out (a prefill beside the verification, the engine's work per emitted
+token, the extra prefill steps of staggered finishes) the realized-goodput guard weighs
+(realized.py): a choice to speculate stands only where speculating steps, timed end to end,
+have not emitted fewer tokens per second than plain ones."""
 import bisect
 import itertools
 import math
@@ -46,6 +51,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+
+from vllm.spec_decode.realized import RealizedGoodput
 
 
 # a split step must model this much more goodput than the best unsplit step to be chosen
@@ -265,6 +272,12 @@ class GoodputController:
         # batched overlap may be chosen (the draft runs in its own process, beside the target)
         self.can_split = False
         self.num_split_steps = 0
+        # the guard on what the model leaves out: speculation only where it measured more
+        # tokens per second than plain decoding (realized.py); the engine records each step's
+        # end-to-end time under `arm`, the last decision's (decoding requests, speculating), or
+        # not at all (None: a probe, a seeded step, no decoding request)
+        self.realized = RealizedGoodput()
+        self.arm: Optional[tuple[int, bool]] = None
 
     # estimates
 
@@ -339,21 +352,33 @@ class GoodputController:
         """k and drafting ahead for a step whose decoding requests are req_ids; catch_up_tokens:
         the tokens of theirs the draft has not seen (what a probe would make it catch up on)."""
         self.catch_up_tokens = catch_up_tokens
+        self.arm = None
         if seeded:  # depends on nothing timed: the configured k
             decision = Decision(self.max_k, draft_ahead=self.draft_ahead_overlaps)
         elif not req_ids:
             decision = Decision(0)
-        elif self._plain_steps_left > 0 and self._plain_key == (tuple(req_ids), self._changes):
-            self._plain_steps_left -= 1  # still plain: only whether a probe is due
-            decision = self._probe_or_plain(len(req_ids))
         else:
-            self._plain_steps_left = 0
-            decision = self._choose(self.acceptances(req_ids))
-            if self._plain_steps_left:
-                self._plain_key = (tuple(req_ids), self._changes)
+            if self._plain_steps_left > 0 and self._plain_key == (tuple(req_ids), self._changes):
+                self._plain_steps_left -= 1  # still plain: only whether a probe is due
+                decision = self._probe_or_plain(len(req_ids))
+            else:
+                self._plain_steps_left = 0
+                decision = self._choose(self.acceptances(req_ids))
+                if self._plain_steps_left:
+                    self._plain_key = (tuple(req_ids), self._changes)
+            if decision.k > 0 and not decision.probe and not self._realized_allows(len(req_ids)):
+                decision = Decision(0, modelled_speedup=1.0)
+            if not decision.probe:
+                self.arm = (len(req_ids), decision.k > 0)
         self.last = decision
         self.k_histogram[decision.k] += 1
+        self.num_split_steps += decision.split
         return decision
+
+    def _realized_allows(self, batch: int) -> bool:
+        """The realized-goodput guard's word on speculating over batch decoding requests."""
+        plain_s = self.t_verify.estimate(batch)
+        return self.realized.allows(batch, batch / plain_s if plain_s else None)
 
     def _choose(self, alphas: list[float]) -> Decision:
         batch = self.last_batch = len(alphas)
@@ -367,7 +392,6 @@ class GoodputController:
         k = max(range(len(rates)), key=lambda i: (rates[i], -i))
         split = self._best_split(alphas, tokens)
         if split is not None and split[1] > rates[k] * (1 + SPLIT_MARGIN):
-            self.num_split_steps += 1
             return Decision(split[0], False, False, split[1] / plain, split=True)
         if k > 0:
             return Decision(k, self._draft_ahead(k, alphas), False, rates[k] / plain)
@@ -531,6 +555,8 @@ class GoodputController:
                 "controller_num_probes": self.num_probes,
                 "controller_split": int(last.split),
                 "controller_num_split_steps": self.num_split_steps,
+                "controller_num_vetoed": self.realized.num_vetoed,
+                "controller_num_measuring_plain": self.realized.num_measuring,
                 "controller_draft_forward_ms": 1e3 * draft if draft is not None else 0.0,
                 "controller_proposal_fixed_ms": 1e3 * first if first is not None else 0.0,
                 "controller_plain_step_ms": 1e3 * verify if verify is not None else 0.0,

@@ -61,6 +61,9 @@ class SpecDecoder:
         self._drafted_last_step: set[str] = set()
         self._seen: dict[str, int] = {}  # req_id -> its tokens when last sent to the proposer
         self._draft_measured = False
+        # the last step, for the controller's realized goodput once the next one starts:
+        # (decoding requests, speculated, tokens emitted, its start)
+        self._realized_step: Optional[tuple] = None
         self._last_log_time = time.time()
 
     # set-up
@@ -81,17 +84,16 @@ class SpecDecoder:
 
     def _draft_ahead(self) -> bool:
         """Drafting ahead pays when it overlaps the target's forward: the draft on another
-        device (the CPU) than the target (the GPU), in the engine's process. 'on' forces it
-        (tests on the CPU). A draft process is left to draft on demand: measured on the H200
-        (trained 7B-shape pair, k=3), drafting ahead there made each proposal wait for the
-        ahead work (draft 4.7 vs 3.0 ms per step, 1.82x vs 2.20x plain). With the controller
-        on, 'auto' lets it decide per step whether drafting ahead pays."""
+        device (the CPU) than the target (the GPU), in the engine's process or its own. 'on'
+        forces it (tests on the CPU). Measured on the H200 (trained 7B-shape pair, draft
+        process, batch 1; its synchronous rows beside it in the same call): 2.30 / 2.40 /
+        2.44x plain at k = 4 / 6 / 8 against 1.89 / 2.04 / 2.04x. With the controller on,
+        'auto' lets it decide per step whether drafting ahead pays."""
         mode = self.spec_config.speculative_draft_ahead
         draft_config = getattr(self.proposer, "config", None)
         if self.proposer is None or mode == "off" or draft_config is None:
             return False
-        return mode == "on" or (draft_config.device.type != self.config.device.type
-                                and not self.proposer.runs_in_own_process)
+        return mode == "on" or draft_config.device.type != self.config.device.type
 
     def shutdown(self) -> None:
         if self.proposer is not None:
@@ -103,6 +105,11 @@ class SpecDecoder:
         """k for this step: 0 without a proposer or at --speculative-disable-by-batch-size
         running requests; else the controller's choice (the configured k with it off)."""
         self._step_start = time.perf_counter()
+        if self._realized_step is not None:  # the last step ran from its start to now
+            num_requests, speculated, tokens, start = self._realized_step
+            self._realized_step = None
+            self.controller.realized.record(num_requests, speculated, tokens,
+                                            self._step_start - start)
         self._draft_s = 0.0
         self._drafter_timing = (None, None)
         spec = self.spec_config
@@ -336,15 +343,20 @@ class SpecDecoder:
                                                              SpecDecodeMetrics())):
             metrics.record(num_drafts, num_kept, num_accepted)
 
-    def end_step(self, out: SchedulerOutput) -> None:
-        """Tells the controller what a decode-only step (every request brings its last token,
-        plus drafts) cost."""
+    def end_step(self, out: SchedulerOutput, num_emitted: int) -> None:
+        """Tells the controller the tokens the step emitted (its realized goodput; its time
+        ends when the next step starts) and what a decode-only step (every request brings its
+        last token, plus drafts) cost."""
         if self.controller is None:
             return
+        speculated = any(out.draft_token_ids)
+        if self.controller.arm is not None:
+            self._realized_step = (self.controller.arm[0], speculated, num_emitted,
+                                   self._step_start)
         if not all(n == 1 + len(d) for n, d in zip(out.num_scheduled_tokens,
                                                    out.draft_token_ids)):
             return  # a prompt (chunk) is in the step
-        k = self.decision.k if any(out.draft_token_ids) else 0
+        k = self.decision.k if speculated else 0
         decision = self.decision if k == self.decision.k else Decision(0)
         self.controller.record_step(decision, len(out.requests), out.total_num_tokens,
                                     self._draft_s, time.perf_counter() - self._step_start,

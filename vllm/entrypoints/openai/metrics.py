@@ -88,7 +88,11 @@ class _EngineCollector(Collector):
                     yield self._gauge(f"vllm:spec_decode_{key}", doc, m[key])
             for key, doc in (("controller_num_probes", "one-draft probes the controller took"),
                              ("controller_num_split_steps", "steps the controller split (batched "
-                              "overlap)")):
+                              "overlap)"),
+                             ("controller_num_vetoed", "steps the realized-goodput guard kept "
+                              "plain where speculation measured slower than plain decoding"),
+                             ("controller_num_measuring_plain", "steps the realized-goodput "
+                              "guard kept plain to measure plain decoding")):
                 if key in m:
                     yield self._counter(f"vllm:spec_decode_{key}", doc, m[key])
             if "controller_k_steps" in m:
