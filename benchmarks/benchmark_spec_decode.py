@@ -33,7 +33,7 @@ from benchmarks.timing import copy_bandwidth_gbps, provenance, write_json  # noq
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.engine.step_timer import per_step_ms, phases_line  # noqa: E402
-from vllm.spec_decode.goodput import TRACE_FIELDS, GoodputController  # noqa: E402
+from vllm.spec_decode.goodput import TRACE_FIELDS  # noqa: E402
 from vllm.spec_decode.metrics import SpecDecodeMetrics  # noqa: E402
 from vllm.spec_decode.ngram_proposer import NgramProposer  # noqa: E402
 
@@ -164,7 +164,7 @@ def timed_rows(llm: LLM, runs: list, prompts, params, args) -> list[dict]:
     engine = llm.llm_engine
     state = [{"seconds": 0.0, "metrics": SpecDecodeMetrics(), "steps": None, "outs": None,
               "made": 0, "used": 0,
-              "controller": GoodputController(k) if "+goodput" in name else None}
+              "controller": engine.spec.make_controller(k) if "+goodput" in name else None}
              for name, _, _, k in runs]
     order = list(range(len(runs)))
     for r in range(args.rounds):

@@ -4,6 +4,7 @@ a veto lapses and doubles when renewed; in a simulated engine whose speculative 
 cost the model does not see, the controller ends near plain decoding, and where they carry none
 it keeps speculating; in the real engine the guard changes no output."""
 import random
+import time
 
 from tests.spec_decode.test_goodput import gpu_like
 from tests.spec_decode.test_greedy_equality import PROMPTS, generate
@@ -146,3 +147,27 @@ def test_the_engine_records_each_step_and_vetoes_change_no_output(spec_target, m
     assert all(1 <= n <= 3 and tokens >= 1 and seconds > 0 for n, _, tokens, seconds in records)
     assert sum(tokens for _, spec, tokens, _ in records if spec) > sum(
         1 for _, spec, _, _ in records if spec)  # speculative steps emitted several tokens
+
+
+def test_a_step_is_credited_only_to_the_controller_that_decided_it(spec_target):
+    """A benchmark swaps the controller between runs (or drops it): the last step of one run
+    reaches neither the next run's controller nor a missing one."""
+    llm = LLM(spec_target, dtype="float32", device="cpu", speculative_model=spec_target,
+              num_speculative_tokens=2, cpu_draft_worker=True, speculative_draft_dtype="float32")
+    spec = llm.llm_engine.spec
+    first = spec.controller
+    generate(llm, PROMPTS[:1])
+    assert sum(len(arm) for arm in first.realized.arms.values()) > 0
+    spec.controller = None
+    reference = generate(LLM(spec_target, dtype="float32", device="cpu"), PROMPTS[:1])
+    assert generate(llm, PROMPTS[:1]) == reference  # failed: the pending step had no controller
+    spec.controller = second = spec.make_controller(2)
+    generate(llm, PROMPTS[:1])
+    assert sum(len(arm) for arm in second.realized.arms.values()) > 0
+    assert spec._realized_step[0] is second  # its run's last step, closed by the next step
+    spec.controller = first
+    records = []
+    first.realized.record = second.realized.record = lambda *a: records.append(a)
+    time.sleep(0.4)  # second's last step would span this pause
+    generate(llm, PROMPTS[:1])
+    assert records and all(seconds < 0.3 for *_, seconds in records)

@@ -44,11 +44,7 @@ class SpecDecoder:
         self.draft_ahead = self._draft_ahead()  # propose() passes each step's choice on
         self.controller: Optional[GoodputController] = None
         if self.proposer is not None and spec.speculative_adaptive == "on":
-            self.controller = GoodputController(
-                spec.num_speculative_tokens,
-                draft_ahead_overlaps=self.draft_ahead and spec.speculative_draft_ahead == "auto")
-            self.controller.can_split = (spec.speculative_batch_split == "auto"
-                                         and self.proposer.runs_in_own_process)
+            self.controller = self.make_controller(spec.num_speculative_tokens)
         # batched overlap: the drafts being made during this step for the resting requests
         self.inflight: Optional[_Inflight] = None
         self.resting: list[Request] = []
@@ -62,7 +58,7 @@ class SpecDecoder:
         self._seen: dict[str, int] = {}  # req_id -> its tokens when last sent to the proposer
         self._draft_measured = False
         # the last step, for the controller's realized goodput once the next one starts:
-        # (decoding requests, speculated, tokens emitted, its start)
+        # (its controller, decoding requests, speculated, tokens emitted, its start)
         self._realized_step: Optional[tuple] = None
         self._last_log_time = time.time()
 
@@ -77,6 +73,17 @@ class SpecDecoder:
             return DraftProcessProposer(self.config)
         from vllm.spec_decode.draft_worker import DraftModelProposer
         return DraftModelProposer(self.config, tokenizer)
+
+    def make_controller(self, max_k: int) -> GoodputController:
+        """A goodput controller for this engine's proposer: it may choose drafting ahead where
+        that is left to it (auto, the draft on another device) and batched overlap where the
+        draft has its own process."""
+        spec = self.spec_config
+        ahead_left_to_it = self._draft_ahead() and spec.speculative_draft_ahead == "auto"
+        controller = GoodputController(max_k, draft_ahead_overlaps=ahead_left_to_it)
+        controller.can_split = (spec.speculative_batch_split == "auto"
+                                and self.proposer.runs_in_own_process)
+        return controller
 
     def _use_draft_process(self) -> bool:
         from vllm.spec_decode.draft_process import uses_draft_process
@@ -106,10 +113,11 @@ class SpecDecoder:
         running requests; else the controller's choice (the configured k with it off)."""
         self._step_start = time.perf_counter()
         if self._realized_step is not None:  # the last step ran from its start to now
-            num_requests, speculated, tokens, start = self._realized_step
+            controller, num_requests, speculated, tokens, start = self._realized_step
             self._realized_step = None
-            self.controller.realized.record(num_requests, speculated, tokens,
-                                            self._step_start - start)
+            if controller is self.controller:  # (a benchmark swaps controllers between runs)
+                controller.realized.record(num_requests, speculated, tokens,
+                                           self._step_start - start)
         self._draft_s = 0.0
         self._drafter_timing = (None, None)
         spec = self.spec_config
@@ -351,8 +359,8 @@ class SpecDecoder:
             return
         speculated = any(out.draft_token_ids)
         if self.controller.arm is not None:
-            self._realized_step = (self.controller.arm[0], speculated, num_emitted,
-                                   self._step_start)
+            self._realized_step = (self.controller, self.controller.arm[0], speculated,
+                                   num_emitted, self._step_start)
         if not all(n == 1 + len(d) for n, d in zip(out.num_scheduled_tokens,
                                                    out.draft_token_ids)):
             return  # a prompt (chunk) is in the step
