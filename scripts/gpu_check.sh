@@ -28,21 +28,18 @@
 #     export PAIR_TARGET_S=70 PAIR_DRAFT_S=45 PAIR_PROPOSERS=draft PAIR_HF= PAIR_KS=4,6,8 \
 #       PAIR_ADAPTIVE=1 PAIR_ROUNDS=2 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput SERVE_K=4;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
-#     SERVE_EXTRA="--scheduler-delay-factor 0.5" SERVE_TAG=delay bash scripts/gpu_check.sh serve /tmp/o;
-#     python3 benchmarks/profile_prefill.py --model /tmp/pair7b/target --dtype bfloat16 \
-#       --max-model-len 2048 --gpu-memory-utilization 0.6 --batches 1,2 --decoding 16 \
-#       --output-json /tmp/o/profile_mixed.json > /tmp/o/profile_mixed.log 2>&1;
+#     SERVE_TAG=again bash scripts/gpu_check.sh serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan: the served sweep with the one-call prefill, then both configs again
-#   with a prefill delay, then a prompt's step beside 16 decoding requests (the served mixed
-#   step: paged attention and eager launches, not the one-call prefill); the pair's "+ahead"
-#   rows now draft ahead in the draft process)
+#   (the next lease's plan: the pair and the served sweep at the final code, whose guard lets a
+#   veto lapse on a new request (unmeasured on the GPU), with 2 rounds of the pair; the served
+#   sweep twice, the plain figure at 64 clients swings by up to 40% between runs; then a mixed
+#   step split into the decode batch's graph and a prompt-only forward, once written)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
 #   a pair stage is ~4 min with its training, ~1 min more per extra round)
 #   (each stage takes, on the H200: build ~85-100 s, goodput ~25 s a run (batch and mode), pair
 #   ~4 min (training ~2.5 of it; 2 rounds of k = 4,6,8 + the controller), serve ~3 min for two
 #   configs, draft ~1 min at 3 thread counts, profile ~30 s a shape and variant, -m cuda tests
-#   ~100 s; the machine's start costs 1-3 min of device time. Helper agents share the session's
+#   ~100-130 s; the machine's start costs 1-3 min of device time, once ~11 min. Helper agents share the session's
 #   device budget: keep them off the device.)
 #   then in each call: wait, and tar /tmp/o /tmp/o.log into $OUT. (A marker file, not pgrep -f:
 #   the pattern matches the calling shell's own command line.)

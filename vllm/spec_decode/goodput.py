@@ -366,7 +366,7 @@ class GoodputController:
                 decision = self._choose(self.acceptances(req_ids))
                 if self._plain_steps_left:
                     self._plain_key = (tuple(req_ids), self._changes)
-            if decision.k > 0 and not decision.probe and not self._realized_allows(len(req_ids)):
+            if decision.k > 0 and not decision.probe and not self._realized_allows(req_ids):
                 decision = Decision(0, modelled_speedup=1.0)
             if not decision.probe:
                 self.arm = (len(req_ids), decision.k > 0)
@@ -375,10 +375,10 @@ class GoodputController:
         self.num_split_steps += decision.split
         return decision
 
-    def _realized_allows(self, batch: int) -> bool:
-        """The realized-goodput guard's word on speculating over batch decoding requests."""
-        plain_s = self.t_verify.estimate(batch)
-        return self.realized.allows(batch, batch / plain_s if plain_s else None)
+    def _realized_allows(self, req_ids: list[str]) -> bool:
+        """The realized-goodput guard's word on speculating over the decoding requests."""
+        plain_s = self.t_verify.estimate(len(req_ids))
+        return self.realized.allows(req_ids, len(req_ids) / plain_s if plain_s else None)
 
     def _choose(self, alphas: list[float]) -> Decision:
         batch = self.last_batch = len(alphas)
