@@ -431,10 +431,12 @@ class LLMEngine:
                    "num_preemptions": sum(c.num_preemptions for c in group.children)}
         spec = [c.metrics["spec_decode"] for c in group.children if "spec_decode" in c.metrics]
         if spec:
-            total = SpecDecodeMetrics()
-            for m in spec:
-                for key, value in vars(m).items():
-                    setattr(total, key, getattr(total, key) + value)
+            total = spec[0]
+            if len(spec) > 1:  # n > 1: the children's counts added up
+                total = SpecDecodeMetrics()
+                for m in spec:
+                    for key, value in vars(m).items():
+                        setattr(total, key, getattr(total, key) + value)
             metrics["spec_decode"] = total.as_dict(self.spec_config.num_speculative_tokens)
         return RequestOutput(
             request_id=group.request_id, prompt=group.prompt,

