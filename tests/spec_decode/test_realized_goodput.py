@@ -1,8 +1,10 @@
 """The realized-goodput guard: speculation is vetoed where steps that speculated emitted fewer
 tokens per second (end to end) than plain steps, plain decoding is measured where it is not yet,
-a veto lapses and doubles when renewed; in a simulated engine whose speculative steps carry a
-cost the model does not see, the controller ends near plain decoding, and where they carry none
-it keeps speculating; in the real engine the guard changes no output."""
+a veto lapses and doubles when renewed, and lapses when none of its requests remains; in a
+simulated engine whose speculative steps carry a cost the model does not see, the controller ends
+near plain decoding, where they carry none it keeps speculating, and a request the draft cannot
+follow costs the next ones nothing; in the real engine the guard changes no output and each
+step's time reaches only the controller that decided it."""
 import random
 import time
 
