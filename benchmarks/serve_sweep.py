@@ -3,7 +3,11 @@ core in its own process, or on a thread of the API server: --disable-frontend-mu
 start `vllm serve`, run benchmarks/benchmark_serving.py at each concurrency (clients), and record
 per process of the server's tree (API server, engine core, drafter) the CPU seconds it used
 during each run and the cores it may run on. Prints one table last; writes one JSON per run
-(OUT_DIR/serving_<layout>_<config>_c<N>.json) and OUT_DIR/serve_sweep.json.
+(OUT_DIR/serving_<layout>_<config>_c<N>.json) and OUT_DIR/serve_sweep.json. With --rounds R
+every configuration is served R times, the order of the configurations reversed every other
+round (a server's speed drifts between starts: plain serving at 64 clients measured 2884 to
+4123 tok/s in four runs on the H200), each round's files suffixed _r<i>; the table adds the
+rounds up (tokens over seconds) and lists each round's tokens per second.
 
     python benchmarks/serve_sweep.py --out-dir out -- MODEL --speculative-model DRAFT \
         --num-speculative-tokens 3 --cpu-draft-worker [engine flags]
@@ -13,6 +17,7 @@ The draft flags apply to the `draft` configuration only; `plain` drops them; `go
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -150,11 +155,12 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait(10)
 
 
-def run_config(args, layout: str, config: str, flags: list[str]) -> list[dict]:
+def run_config(args, layout: str, config: str, flags: list[str], round_: int = 0) -> list[dict]:
     port = free_port()
     all_cpus = os.sched_getaffinity(0)  # the server's processes choose their own cores
+    tag = f"_r{round_}" if args.rounds > 1 else ""
     proc = start_server(flags, port, layout, os.path.join(args.out_dir,
-                                                          f"server_{layout}_{config}.log"))
+                                                          f"server_{layout}_{config}{tag}.log"))
     if args.client_cpus:
         os.sched_setaffinity(0, args.client_cpus)
     rows = []
@@ -171,7 +177,7 @@ def run_config(args, layout: str, config: str, flags: list[str]) -> list[dict]:
                 "--max-concurrency", str(conc), "--output-len", str(args.output_len),
                 "--dataset", args.dataset, "--label", f"{layout} {config}",
                 "--output-json", os.path.join(args.out_dir,
-                                              f"serving_{layout}_{config}_c{conc}.json")])
+                                              f"serving_{layout}_{config}_c{conc}{tag}.json")])
             before, (spec_before, times_before) = tree_cpu(proc.pid), scrape(port)
             summary = benchmark_serving.main(bench)
             after, (spec_after, times_after) = tree_cpu(proc.pid), scrape(port)
@@ -179,6 +185,7 @@ def run_config(args, layout: str, config: str, flags: list[str]) -> list[dict]:
             cpu = {name: {"cpu_s": after[name]["cpu_s"] - before.get(name, {"cpu_s": 0})[
                 "cpu_s"], "cores": after[name]["cores"]} for name in after}
             rows.append({"layout": layout, "config": config, "concurrency": conc,
+                         "round": round_,
                          "output_throughput": summary["output_throughput"],
                          "tpot_ms_median": summary["tpot_ms"]["50"],
                          "duration_s": summary["duration_s"], "failed": summary["failed"],
@@ -211,6 +218,8 @@ def main() -> None:
     parser.add_argument("--min-prompts", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--dataset", choices=["random", "humaneval"], default="humaneval")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="serve every configuration this many times, alternating the order")
     parser.add_argument("--client-cpus", default=None,
                         help="cores the benchmark client (this process) runs on, e.g. 2: off "
                              "the draft process's cores (--speculative-draft-cpus) and the "
@@ -219,15 +228,68 @@ def main() -> None:
     args.client_cpus = parse_cpu_list(args.client_cpus)
     server_flags = argv[split + 1:]
     os.makedirs(args.out_dir, exist_ok=True)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     rows = []
-    for layout in args.layouts.split(","):
-        for config in args.configs.split(","):
-            flags = {"plain": plain_flags, "draft": list, "goodput": goodput_flags,
-                     "split": split_flags}[config](server_flags)
-            rows += run_config(args, layout, config, flags)
+    configs = args.configs.split(",")
+    for round_ in range(args.rounds):
+        for layout in args.layouts.split(","):
+            for config in configs if round_ % 2 == 0 else configs[::-1]:
+                flags = {"plain": plain_flags, "draft": list, "goodput": goodput_flags,
+                         "split": split_flags}[config](server_flags)
+                rows += run_config(args, layout, config, flags, round_)
     with open(os.path.join(args.out_dir, "serve_sweep.json"), "w") as f:
         json.dump({"command": sys.argv, "rows": rows}, f, indent=1)
-    print_summary(rows)
+    print_summary(combine_rounds(rows))
+
+
+def combine_rounds(rows: list[dict]) -> list[dict]:
+    """One row per (layout, config, concurrency), in the order first served: its rounds added up
+    (throughput = all tokens over all seconds; CPU seconds, spec-decode counts and the engine's
+    steps summed or step-weighted), and each round's throughput under "round_throughputs"."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["layout"], r["config"], r["concurrency"]), []).append(r)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(dict(group[0], round_throughputs=[group[0]["output_throughput"]]))
+            continue
+        seconds = sum(r["duration_s"] for r in group)
+        tokens = sum(r["output_throughput"] * r["duration_s"] for r in group)
+        spec = {k: sum(r["spec_decode"].get(k, 0) for r in group) for k in group[0]["spec_decode"]}
+        cpu = {name: {"cpu_s": sum(r["cpu"].get(name, {"cpu_s": 0})["cpu_s"] for r in group),
+                      "cores": v["cores"]} for name, v in group[0]["cpu"].items()}
+        out.append(dict(group[0], output_throughput=tokens / seconds, duration_s=seconds,
+                        failed=sum(r["failed"] for r in group), spec_decode=spec, cpu=cpu,
+                        engine_steps=_combine_steps([r["engine_steps"] for r in group]),
+                        tpot_ms_median=statistics.median(r["tpot_ms_median"] or 0 for r in group),
+                        ttft_ms_mean=statistics.mean(r["ttft_ms_mean"] for r in group),
+                        tau=(spec["num_emitted_tokens"] / spec["num_spec_steps"]
+                             if spec.get("num_spec_steps") else None),
+                        round_throughputs=[r["output_throughput"] for r in group]))
+    return out
+
+
+def _combine_steps(steps: list[dict]) -> dict:
+    """StepTimer per-step figures of several runs as one: counts summed, ms per step weighted
+    by the steps each run took (ms per prefill / decode step by those steps)."""
+    total = sum(s["prefill_steps"] + s["decode_steps"] for s in steps) or 1
+    out = {}
+    for key in steps[0]:
+        if key.endswith("_steps"):
+            out[key] = sum(s[key] for s in steps)
+        elif key in ("prefill_step_ms", "decode_step_ms"):
+            kind = key.replace("_step_ms", "_steps")
+            n = sum(s[kind] for s in steps if s[key] is not None)
+            out[key] = (sum(s[key] * s[kind] for s in steps if s[key] is not None) / n
+                        if n else None)
+        elif key == "engine_ttft_ms":
+            vals = [s[key] for s in steps if s[key] is not None]
+            out[key] = statistics.mean(vals) if vals else None
+        else:
+            out[key] = sum(s[key] * (s["prefill_steps"] + s["decode_steps"]) for s in steps) / total
+    return out
 
 
 def print_summary(rows: list[dict]) -> None:
@@ -242,9 +304,11 @@ def print_summary(rows: list[dict]) -> None:
         ratio = f"{r['output_throughput'] / base:.2f}x" if base else "-"
         cpu = "; ".join(f"{name.split(' (')[0]} {v['cpu_s']:.1f} ({_cores(v['cores'])})"
                         for name, v in r["cpu"].items())
+        rounds = r.get("round_throughputs", [])
+        each = f"  rounds {' / '.join(f'{t:.0f}' for t in rounds)};" if len(rounds) > 1 else ""
         print(f"{r['layout']:<8}{r['config']:<8}{r['concurrency']:>8}"
               f"{r['output_throughput']:>10.1f}{ratio:>10}{r['tpot_ms_median'] or 0:>9.2f}"
-              f"{r['tau'] or 0:>6.2f}  {cpu}")
+              f"{r['tau'] or 0:>6.2f} {each} {cpu}")
     print("engine side, ms per step (all steps), per prefill / decode step, and the engine's "
           "share of TTFT (client TTFT beside it)")
     for r in rows:

@@ -17,7 +17,8 @@
 #   PAIR_SHAPE=llama-2-13b for another target shape;
 #   serve: the pair served plain and with its CPU draft, engine core in its own process and on
 #   the server's thread, at SERVE_CLIENTS clients: benchmarks/serve_sweep.py)
-#   (serve: SERVE_LAYOUTS mp,inproc, SERVE_CONFIGS plain,draft,split,goodput, SERVE_K, SERVE_ADAPTIVE)
+#   (serve: SERVE_LAYOUTS mp,inproc, SERVE_CONFIGS plain,draft,split,goodput, SERVE_K, SERVE_ADAPTIVE,
+#   SERVE_ROUNDS=R every configuration served R times in alternating order, added up)
 #   VLLM_SKIP_BUILD=1 skips the build (a second invocation on the same machine).
 # Lent machines have been taken back mid-call: start long runs in the background and collect
 # partial results after each call. Stages run in this file's order within one invocation, so
@@ -26,14 +27,15 @@
 #     PYTEST_ARGS="-m cuda" bash scripts/gpu_check.sh test /tmp/o;
 #     export VLLM_SKIP_BUILD=1;
 #     export PAIR_TARGET_S=70 PAIR_DRAFT_S=45 PAIR_PROPOSERS=draft PAIR_HF= PAIR_KS=4,6,8 \
-#       PAIR_ADAPTIVE=1 PAIR_ROUNDS=2 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput SERVE_K=4;
+#       PAIR_ADAPTIVE=1 PAIR_ROUNDS=2 SERVE_LAYOUTS=mp SERVE_CONFIGS=plain,goodput SERVE_K=4 \
+#       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
-#     SERVE_TAG=again bash scripts/gpu_check.sh serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
 #   (the next lease's plan: the pair and the served sweep at the final code, whose guard lets a
-#   veto lapse on a new request (unmeasured on the GPU), with 2 rounds of the pair; the served
-#   sweep twice, the plain figure at 64 clients swings by up to 40% between runs; then a mixed
-#   step split into the decode batch's graph and a prompt-only forward, once written)
+#   veto lapse on a new request (unmeasured on the GPU), with 2 rounds of the pair and
+#   SERVE_ROUNDS=2 (the plain figure at 64 clients swings by up to 40% between runs; ~3.5 min
+#   a round of two configs); then a mixed step split into the decode batch's graph and a
+#   prompt-only forward, once written)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
 #   a pair stage is ~4 min with its training, ~1 min more per extra round)
 #   (each stage takes, on the H200: build ~85-100 s, goodput ~25 s a run (batch and mode), pair
@@ -301,7 +303,7 @@ if want serve; then
   [ -n "${SERVE_DRAFT_CPUS:-}" ] && DCPUS="--speculative-draft-cpus $SERVE_DRAFT_CPUS"
   SUFFIX="${SERVE_TAG:+_$SERVE_TAG}"
   "$PY" benchmarks/serve_sweep.py --out-dir "$OUT_DIR/serve$SUFFIX" $CLIENT --concurrency "${SERVE_CLIENTS:-1,4,16,64}" \
-    --layouts "${SERVE_LAYOUTS:-mp,inproc}" --configs "${SERVE_CONFIGS:-plain,draft}" --output-len 64 -- /tmp/pair7b/target --dtype bfloat16 \
+    --layouts "${SERVE_LAYOUTS:-mp,inproc}" --configs "${SERVE_CONFIGS:-plain,draft}" --rounds "${SERVE_ROUNDS:-1}" --output-len 64 -- /tmp/pair7b/target --dtype bfloat16 \
     --max-model-len 2048 --max-num-seqs 64 --gpu-memory-utilization 0.6 \
     --speculative-model /tmp/pair7b/draft --cpu-draft-worker --num-speculative-tokens "${SERVE_K:-3}" \
     --speculative-adaptive "${SERVE_ADAPTIVE:-off}" $DCPUS ${SERVE_EXTRA:-} > "$OUT_DIR/serve_sweep$SUFFIX.log" 2>&1 || status=1
