@@ -47,7 +47,7 @@ def run(engine: LLMEngine, on_step=None) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("draft,ahead,spin", [("self", "off", False), ("other", "on", False),
-                                              ("other", "off", True)])
+                                              ("self", "on", False), ("other", "off", True)])
 def test_draft_process_greedy_equals_plain(reference, spec_target, spec_draft, draft, ahead,
                                            spin, monkeypatch):
     """With drafting ahead on, the drafter drafts past each proposal after answering it; with
@@ -57,6 +57,10 @@ def test_draft_process_greedy_equals_plain(reference, spec_target, spec_draft, d
     engine = spec_engine(spec_target, spec_target if draft == "self" else spec_draft,
                          speculative_draft_ahead=ahead)
     assert engine.draft_ahead == (ahead == "on")
+    from_ahead = []  # per answer: the requests whose drafts the drafter had made ahead
+    receive = engine.proposer._receive
+    engine.proposer._receive = lambda empty: (lambda p: from_ahead.append(p.num_from_ahead)
+                                              or p)(receive(empty))
     try:
         assert engine.proposer.runs_in_own_process and engine.proposer.pid != os.getpid()
         assert run(engine) == reference
@@ -67,6 +71,11 @@ def test_draft_process_greedy_equals_plain(reference, spec_target, spec_draft, d
         # the drafter's drafting-ahead counts reach the engine's side (benchmarks read them)
         made = engine.proposer.ahead_stats["made"]
         assert (made > 0) == (ahead == "on") and engine.proposer.ahead_stats["used"] <= made
+        # the answers say which proposals' drafts were made ahead (the controller prices no
+        # draft forward from those)
+        assert sum(from_ahead) == engine.proposer.ahead_stats["used"]
+        if draft == "self" and ahead == "on":  # every guess right: most proposals come ahead
+            assert sum(from_ahead) > 0
     finally:
         engine.shutdown()
     assert engine.proposer.proc.poll() is not None  # shutdown stopped it

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.spec_decode.test_greedy_equality import PROMPTS, generate
-from vllm import LLM
+from vllm import LLM, SamplingParams
 from vllm.spec_decode import goodput
 from vllm.spec_decode.goodput import (CostCurve, Decision, GoodputController, expected_tokens,
                                       tokens_by_k)
@@ -427,3 +427,45 @@ def test_a_one_draft_proposal_does_not_price_the_later_forwards():
         fresh.record_step(Decision(1), 1, 2, first + messages, 6e-3, True, first, first)
     assert fresh.t_draft.estimate(1) == pytest.approx(first)
     assert fresh.t_first.estimate(1) == pytest.approx(first + messages)
+
+
+class OracleProposer(Proposer):
+    """Proposes each request's reference continuation (every draft accepted) and reports every
+    other proposal as made ahead during the last verification (no forward run now, ~0 s), the
+    others as drafted now (2 ms, 1 ms of it the first forward)."""
+
+    def __init__(self, reference: dict[tuple, list[int]]) -> None:
+        self.reference = reference
+        self.calls = 0
+
+    def propose(self, requests, max_num_drafts):
+        self.calls += 1
+        ahead = self.calls % 2 == 0
+        drafts = [self.reference[tuple(r.prompt_token_ids)][len(r.output_token_ids):][:k]
+                  for r, k in zip(requests, max_num_drafts)]
+        proposal = Proposal(drafts, [None] * len(requests), 1e-5 if ahead else 2e-3,
+                            0.0 if ahead else 1e-3, len(requests) if ahead else 0)
+        return ProposalHandle(lambda: proposal)
+
+
+def test_drafts_made_ahead_price_no_draft_forward(spec_target, monkeypatch):
+    """A proposal served from drafting ahead ran no forward: it must not teach the controller
+    that a draft forward costs nothing (on the H200 that drove it to k = 8 at 1.41x plain where
+    k = 4 gave 1.65x). Outputs stay plain decoding's."""
+    plain = LLM(spec_target, dtype="float32", device="cpu")
+    outs = plain.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=24,
+                                                      ignore_eos=True), use_tqdm=False)
+    reference = {tuple(o.prompt_token_ids): list(o.outputs[0].token_ids) for o in outs}
+    llm = LLM(spec_target, dtype="float32", device="cpu", speculative_model="[ngram]",
+              num_speculative_tokens=3)
+    engine = llm.llm_engine
+    engine.proposer = proposer = OracleProposer(reference)
+    priced = []
+    monkeypatch.setattr(GoodputController, "_record_proposal",
+                        lambda self, n, k, wait_s, drafter_s, first_s: priced.append(drafter_s))
+    got = llm.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=24,
+                                                   ignore_eos=True), use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in got] == [reference[tuple(o.prompt_token_ids)]
+                                                          for o in got]
+    assert proposer.calls >= 4 and priced  # speculated, and proposals drafted now priced
+    assert all(s == 2e-3 for s in priced)  # none of the ones made ahead
