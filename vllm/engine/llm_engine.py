@@ -284,7 +284,7 @@ class LLMEngine:
         self.spec.verified(sched_out, result.sampled, time.perf_counter() - start)
         timer.mark("update")
         outputs = self._make_step_outputs(sched_out, result, appended)
-        self.spec.end_step(sched_out, sum(a.num_kept for a in appended if a is not None))
+        self.spec.end_step(sched_out, appended)
         timer.mark("outputs")
         return outputs
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from vllm.config import VllmConfig
 from vllm.core.request import Request
-from vllm.core.scheduler import SchedulerOutput
+from vllm.core.scheduler import Appended, SchedulerOutput
 from vllm.logger import init_logger
 from vllm.spec_decode.goodput import Decision, GoodputController
 from vllm.spec_decode.metrics import SpecDecodeMetrics
@@ -357,14 +357,15 @@ class SpecDecoder:
                                                              SpecDecodeMetrics())):
             metrics.record(num_drafts, num_kept, num_accepted)
 
-    def end_step(self, out: SchedulerOutput, num_emitted: int) -> None:
-        """Tells the controller the tokens the step emitted (its realized goodput; its time
-        ends when the next step starts) and what a decode-only step (every request brings its
-        last token, plus drafts) cost."""
+    def end_step(self, out: SchedulerOutput, appended: list[Optional[Appended]]) -> None:
+        """Tells the controller the tokens the step emitted (appended: Scheduler.update's
+        result; its realized goodput, whose time ends when the next step starts) and what a
+        decode-only step (every request brings its last token, plus drafts) cost."""
         if self.controller is None:
             return
         speculated = any(out.draft_token_ids)
         if self.controller.arm is not None:
+            num_emitted = sum(a.num_kept for a in appended if a is not None)
             self._realized_step = (self.controller, self.controller.arm[0], speculated,
                                    num_emitted, self._step_start)
         if not all(n == 1 + len(d) for n, d in zip(out.num_scheduled_tokens,
