@@ -91,7 +91,8 @@ def tree_cpu(root: int) -> dict[str, dict]:
 
 SPEC_COUNTERS = ("num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
                  "num_spec_steps", "controller_num_probes", "controller_num_split_steps",
-                 "controller_num_vetoed", "controller_num_measuring_plain")
+                 "controller_num_vetoed", "controller_num_measuring_plain",
+                 "controller_num_ahead_used", "controller_num_ahead_missed")
 
 
 def scrape(port: int) -> tuple[dict[str, float], dict]:
@@ -333,7 +334,9 @@ def print_summary(rows: list[dict]) -> None:
               f"{spec.get('controller_num_split_steps', 0):.0f}, probes "
               f"{spec.get('controller_num_probes', 0):.0f}, vetoed "
               f"{spec.get('controller_num_vetoed', 0):.0f}, measuring plain "
-              f"{spec.get('controller_num_measuring_plain', 0):.0f}; verified "
+              f"{spec.get('controller_num_measuring_plain', 0):.0f}, ahead used / missed "
+              f"{spec.get('controller_num_ahead_used', 0):.0f} / "
+              f"{spec.get('controller_num_ahead_missed', 0):.0f}; verified "
               f"{spec.get('num_emitted_tokens', 0):.0f} of {total:.0f} tokens")
 
 

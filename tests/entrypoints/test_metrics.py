@@ -28,7 +28,8 @@ def test_spec_decode_controller_and_drafter_metrics():
             "controller_acceptance": 0.55, "controller_modelled_speedup": 1.7,
             "controller_draft_forward_ms": 1.5, "controller_plain_step_ms": 6.0,
             "controller_num_probes": 4, "controller_num_split_steps": 7,
-            "controller_k_steps": [10, 0, 2, 5]}
+            "controller_ahead_wait_ms": 0.2, "controller_num_ahead_used": 9,
+            "controller_num_ahead_missed": 5, "controller_k_steps": [10, 0, 2, 5]}
     got = samples(FakeEngine(spec))
     assert got["vllm:num_requests_running"] == 3 and got["vllm:num_requests_waiting"] == 2
     assert got["vllm:kv_cache_usage_perc"] == 0.25
@@ -40,6 +41,9 @@ def test_spec_decode_controller_and_drafter_metrics():
     assert got["vllm:spec_decode_controller_plain_step_ms"] == 6.0
     assert got["vllm:spec_decode_controller_num_probes_total"] == 4
     assert got["vllm:spec_decode_controller_num_split_steps_total"] == 7
+    assert got["vllm:spec_decode_controller_ahead_wait_ms"] == 0.2
+    assert got["vllm:spec_decode_controller_num_ahead_used_total"] == 9
+    assert got["vllm:spec_decode_controller_num_ahead_missed_total"] == 5
     text = ServerMetrics(FakeEngine(spec), "m").render().decode()
     by_k = {s.labels["k"]: s.value for f in text_string_to_metric_families(text)
             for s in f.samples if s.name == "vllm:spec_decode_controller_steps_total"}

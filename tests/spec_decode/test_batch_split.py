@@ -9,7 +9,8 @@ import pytest
 
 from tests.spec_decode.test_draft_process import (GREEDY, PROMPTS, reference,  # noqa: F401
                                                   spec_engine)
-from vllm.spec_decode.goodput import GoodputController, expected_tokens
+from vllm.spec_decode.acceptance import expected_tokens
+from vllm.spec_decode.goodput import GoodputController
 
 
 def gpu_like(n: int) -> float:  # memory-bound target: flat up to 64 tokens, then linear

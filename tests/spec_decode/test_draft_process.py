@@ -12,6 +12,7 @@ from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.spec_decode import draft_process
+from vllm.spec_decode.goodput import GoodputController
 
 PROMPTS = ["def fibonacci(n):", "The quick brown fox jumps over", "x", "Once upon a time"]
 NUM_TOKENS = 48
@@ -79,6 +80,30 @@ def test_draft_process_greedy_equals_plain(reference, spec_target, spec_draft, d
     finally:
         engine.shutdown()
     assert engine.proposer.proc.poll() is not None  # shutdown stopped it
+
+
+def test_the_controller_hears_whether_drafts_made_ahead_were_used(reference, spec_target,
+                                                                  monkeypatch):
+    """With the controller on and drafting ahead: after a step whose drafts were all accepted,
+    the next proposal says whether the drafts made ahead were used (the target's bonus token
+    was the draft's guess); the controller learns how far runs of accepted drafts reach from
+    it. Every use the drafter reports is heard as one (the draft is the target: every guess is
+    right), and outputs stay plain decoding's."""
+    heard = []
+    monkeypatch.setattr(GoodputController, "record_ahead",
+                        lambda self, k, used: heard.append((k, used)))
+    engine = spec_engine(spec_target, spec_target, speculative_draft_ahead="on",
+                         speculative_adaptive="on")
+    from_ahead = []
+    receive = engine.proposer._receive
+    engine.proposer._receive = lambda empty: (lambda p: from_ahead.append(p.num_from_ahead)
+                                              or p)(receive(empty))
+    try:
+        assert run(engine) == reference
+        assert sum(used for _, used in heard) == sum(from_ahead) > 0
+        assert all(1 <= k <= 3 and used for k, used in heard)
+    finally:
+        engine.shutdown()
 
 
 def test_drafting_ahead_switched_on_after_start_reaches_the_drafter(reference, spec_target,
@@ -200,7 +225,7 @@ def test_drafter_catches_up_during_plain_steps(reference, spec_target):
     pattern = [0, 0, 0, 0, 1, 0, 0, 3, 3, 0, 0, 0, 2]
     calls = {"n": 0}
 
-    def scripted(req_ids, seeded, catch_up_tokens=0):
+    def scripted(req_ids, seeded, catch_up_tokens=0, can_hit=None):
         k = pattern[calls["n"] % len(pattern)]
         calls["n"] += 1
         return Decision(k, probe=k == 1)
@@ -208,10 +233,11 @@ def test_drafter_catches_up_during_plain_steps(reference, spec_target):
     measured = []
     record_step = spec.controller.record_step
 
-    def record(decision, num_decoding, num_tokens, draft_s, step_s, draft_measured, *timing):
+    def record(decision, num_decoding, num_tokens, draft_s, step_s, draft_measured, *timing,
+               **ahead):
         measured.append((decision.k, draft_measured))
         record_step(decision, num_decoding, num_tokens, draft_s, step_s, draft_measured,
-                    *timing)
+                    *timing, **ahead)
 
     spec.controller.decide, spec.controller.record_step = scripted, record
     fed = {"n": 0}

@@ -10,9 +10,9 @@ One message per engine step goes down the pipe, one comes back:
                         which to catch up on without drafting (a plain step: the engine reads
                         that answer later, never waiting for it)
     drafter -> engine   ("drafts", ids per request, draft probs per request or None, seconds
-                        the drafter spent drafting them, of which its first forward's, how
-                        many requests' drafts it had made ahead, its drafting-ahead totals so
-                        far {"made": n, "used": n})
+                        the drafter spent drafting them, of which its first forward's, the
+                        indices of the requests whose drafts it had made ahead, its
+                        drafting-ahead totals so far {"made": n, "used": n})
                         then, with drafting ahead, the drafter drafts past its proposal while the
                         engine verifies it; the next DraftStep is read once that is done
 
@@ -132,7 +132,7 @@ def _drafter_main() -> None:
 
 def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
                 step: DraftStep) -> tuple[list[list[int]], list, Optional[float],
-                                          Optional[float], int, dict[str, int]]:
+                                          Optional[float], list[int], dict[str, int]]:
     for req_id in step.frees:
         proposer.free(req_id)
         mirrors.pop(req_id, None)
@@ -149,7 +149,7 @@ def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
     proposal = proposer.propose(reqs, [k for _, k in step.proposals]).result()
     probs = [p.numpy() if p is not None else None for p in proposal.draft_probs]
     return (proposal.draft_token_ids, probs, proposal.seconds, proposal.first_forward_seconds,
-            proposal.num_from_ahead, dict(proposer.ahead_stats))
+            proposal.from_ahead, dict(proposer.ahead_stats))
 
 
 class DraftProcessProposer(Proposer):

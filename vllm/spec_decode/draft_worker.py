@@ -169,7 +169,7 @@ class DraftModelProposer(Proposer):
             result.draft_probs.append(torch.stack(p) if d and p[0] is not None else None)
         result.seconds = time.perf_counter() - start
         result.first_forward_seconds = first_forward_s
-        result.num_from_ahead = len(ready)
+        result.from_ahead = [i for i, r in enumerate(requests) if r.req_id in ready]
         return result
 
     def _draft(self, reqs: list[Request], ks: list[int]

@@ -5,17 +5,28 @@ Using Goodput").
 
 Model of a decode step over B requests drafting k tokens each:
     t(k, B) = t_first(B) + (k - 1) * t_draft(B) + t_verify(B * (k + 1))
-    goodput(k) = sum over requests of (1 - a_r^(k+1)) / (1 - a_r) / t(k, B)
+    goodput(k) = sum over requests r of E_r(k) / t(k, B)
 t_draft (one later draft forward, by the number of drafting requests), t_first (the rest of
 the engine's wait for a proposal: its first forward, which also catches up on the last one or
 two tokens, and, for a draft process, the messages and its waking up) and t_verify (the rest of
 the step, by its token count) are learnt online (CostCurve), t_first and t_draft apart from the
 drafter's own timing of its forwards (measured on the H200: a one-draft proposal from the draft
 process cost 3.6 ms against 0.7 ms per later forward, so a cost per forward alone priced small
-k too cheap and large k too dear); a_r, request r's acceptance, is
-estimated from its verdicts with the engine-wide estimate as its prior, and that one from its
-own verdicts with a fixed prior. One k for the whole batch: the verification's CUDA graphs are
-keyed by (batch, tokens per sequence), so every decoding request drafts the same k.
+k too cheap and large k too dear). E_r(k), the tokens a verification of request r's k drafts
+emits, is 1 + the chance its run of accepted drafts reaches 1, 2, .., k (acceptance.py: the
+engine's runs, per position, scaled to r's acceptance a_r, which is estimated from its verdicts
+with the engine-wide estimate as its prior; with few verdicts, 1 + a_r + .. + a_r^k). One k for
+the whole batch: the verification's CUDA graphs are keyed by (batch, tokens per sequence), so
+every decoding request drafts the same k.
+
+Drafting ahead (`draft_ahead_overlaps`: the draft on another device than the target) is weighed
+per k: the drafter drafts k + 1 past its proposal while the target verifies, and the next
+proposal is the wait for those (t_hit) where every request's run reached k + 1 (its drafts all
+accepted, its bonus token the draft's guess), else a proposal as above; the k + 1 forwards cost
+what they outlast the verification. Each k is priced with or without it, whichever models more
+(measured on the H200, trained 7B pair, batch 1: drafting ahead 2.30 / 2.40 / 2.44x plain at
+k = 4 / 6 / 8 against 1.89 / 2.04 / 2.04x synchronous; before, the controller chose k as if
+every step were synchronous, and whether to draft ahead only at that k).
 
 When k = 0 wins, a one-token probe (k = 1) is taken now and then to measure acceptance again; the
 probes are paid from a budget of `probe_fraction` of the time spent, so a useless draft costs
@@ -50,8 +61,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
-
+from vllm.spec_decode.acceptance import Acceptance, AcceptedRuns, RunOdds
 from vllm.spec_decode.realized import RealizedGoodput
 
 
@@ -149,41 +159,6 @@ class CostCurve:
         return max(best, ys[-1] + slope * (size - xs[-1]))
 
 
-@dataclass
-class Acceptance:
-    """Decayed counts of a request's (or the engine's) verdicts: drafts accepted, and
-    verifications that rejected one (each judged draft is a Bernoulli(a) trial up to the first
-    rejection, so a = accepted / (accepted + rejections))."""
-    accepted: float = 0.0
-    rejections: float = 0.0
-
-    def record(self, num_drafts: int, num_accepted: int, decay: float) -> None:
-        self.accepted = decay * self.accepted + num_accepted
-        self.rejections = decay * self.rejections + (num_accepted < num_drafts)
-
-    def estimate(self, prior: float, weight: float) -> float:
-        return (self.accepted + weight * prior) / (self.accepted + self.rejections + weight)
-
-
-def expected_tokens(a: float, k: int) -> float:
-    """Tokens one verification of k drafts emits at acceptance a: 1 + a + ... + a^k."""
-    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
-
-
-def tokens_by_k(alphas: list[float], max_k: int) -> list[float]:
-    """For k = 0..max_k: the tokens one verification of k drafts per request emits over requests
-    of acceptance alphas (the sum of expected_tokens), in one pass."""
-    if len(alphas) <= 4:  # numpy's call costs more than the arithmetic of a few requests
-        out, powers, total = [], [1.0] * len(alphas), 0.0
-        for _ in range(max_k + 1):
-            total += sum(powers)
-            out.append(total)
-            powers = [p * a for p, a in zip(powers, alphas)]
-        return out
-    powers = np.asarray(alphas, dtype=np.float64)[:, None] ** np.arange(max_k + 1)
-    return np.cumsum(powers, axis=1).sum(axis=0).tolist()
-
-
 def later_forward_seconds(k: int, seconds: float,
                           first_forward_s: Optional[float]) -> Optional[float]:
     """One draft forward after the first, from a proposal of k drafts the drafter timed at
@@ -244,7 +219,15 @@ class GoodputController:
         self.t_draft = CostCurve()  # one later draft forward, by drafting requests
         self.t_first = CostCurve()  # a proposal's wait less its later forwards, by requests
         self.t_verify = CostCurve()  # the step less drafting, by tokens
+        # the engine's wait for a proposal whose drafts were all made ahead, by requests
+        self.t_hit = CostCurve()
         self.engine_acceptance = Acceptance()
+        # how far runs of accepted drafts reach, positions 1..max_k + 1 (the last: a guess
+        # made ahead after k accepted drafts)
+        self.runs = AcceptedRuns(max_k + 1, decay)
+        # requests whose drafts were all accepted in a step that drafted ahead, and of those
+        # the ones whose next proposal used the drafts made ahead (record_ahead)
+        self.num_ahead_heard = self.num_ahead_used = 0
         self.requests: dict[str, Acceptance] = {}
         self.probe_credit = 0.0  # seconds the probes may still spend
         # a probe after plain steps makes the draft catch up on every token it has not seen:
@@ -278,6 +261,7 @@ class GoodputController:
         # not at all (None: a probe, a seeded step, no decoding request)
         self.realized = RealizedGoodput()
         self.arm: Optional[tuple[int, bool]] = None
+        self._can_hit: Optional[list[bool]] = None  # this decision's (see decide)
 
     # estimates
 
@@ -335,23 +319,54 @@ class GoodputController:
             draft = min(draft, self.propose_seconds(k, batch) * other / batch)
         return max(draft, max(plain, verify))
 
+    def ahead_step_seconds(self, batch: int, seconds: list[float],
+                           odds: RunOdds) -> Optional[list[float]]:
+        """For k = 0..max_k (0: None): the modelled seconds of a decode step of batch requests
+        drafting k each and drafting ahead during the verification, from seconds, the same
+        step's without drafting ahead (step_seconds_by_k), and odds, the chances that the
+        drafts made ahead are used (a request's k drafts accepted, its bonus token the draft's
+        guess). Where they are for every request, the next proposal is the wait for them
+        (t_hit, free until measured); else it drafts for those they are not used for (a
+        smaller batch). The k + 1 forwards ahead delay the next proposal by as much as they
+        outlast the verification. None before the draft forward is measured."""
+        draft = self.t_draft.estimate(batch)
+        if draft is None:
+            return None
+        hit_wait = self.t_hit.estimate(batch) or 0.0
+        out: list[Optional[float]] = [None]
+        for k in range(1, self.max_k + 1):
+            propose = self.propose_seconds(k, batch)
+            p_all = odds.all_hit[k]
+            if p_all < 1.0:  # the requests missed, where not all hit
+                missed = min(batch, max(1.0, (batch - odds.hits[k]) / (1.0 - p_all)))
+                wait = p_all * hit_wait + (1.0 - p_all) * self.propose_seconds(k, missed)
+            else:
+                wait = hit_wait
+            stall = max(0.0, (k + 1) * draft - (seconds[k] - propose))
+            out.append(seconds[k] - propose + min(wait, propose) + stall)
+        return out
+
     def split_goodput(self, k: int, alphas: list[float],
                       tokens: Optional[list[float]] = None) -> Optional[float]:
         """Tokens per second of split steps: each emits the tokens of half the batch.
-        tokens: tokens_by_k(alphas), when the caller has it."""
+        tokens: the summed tokens per verification by k (_choose's), when the caller has it."""
         t = self.split_step_seconds(k, len(alphas))
         if t is None:
             return None
-        tokens = tokens or tokens_by_k(alphas, k)
+        tokens = tokens or self.runs.tokens_and_hits(alphas, self.acceptance(), k)[0]
         half = len(alphas) - len(alphas) // 2
         return tokens[k] / len(alphas) * half / t
 
     # decisions
 
-    def decide(self, req_ids: list[str], seeded: bool, catch_up_tokens: int = 0) -> Decision:
+    def decide(self, req_ids: list[str], seeded: bool, catch_up_tokens: int = 0,
+               can_hit: Optional[list[bool]] = None) -> Decision:
         """k and drafting ahead for a step whose decoding requests are req_ids; catch_up_tokens:
-        the tokens of theirs the draft has not seen (what a probe would make it catch up on)."""
+        the tokens of theirs the draft has not seen (what a probe would make it catch up on);
+        can_hit: per request, whether drafts are made ahead for it (greedy requests; default
+        all)."""
         self.catch_up_tokens = catch_up_tokens
+        self._can_hit = can_hit
         self.arm = None
         if seeded:  # depends on nothing timed: the configured k
             decision = Decision(self.max_k, draft_ahead=self.draft_ahead_overlaps)
@@ -385,8 +400,15 @@ class GoodputController:
         seconds = self.step_seconds_by_k(batch)
         if seconds is None:
             return Decision(0)  # measure a plain step first: it costs nothing extra
-        tokens = tokens_by_k(alphas, self.max_k)
+        odds = self.runs.tokens_and_hits(alphas, self.acceptance(), self.max_k, self._can_hit)
+        tokens = odds.tokens
         rates = [n / t for n, t in zip(tokens, seconds)]
+        ahead = [False] * len(rates)
+        ahead_seconds = (self.ahead_step_seconds(batch, seconds, odds)
+                         if self.draft_ahead_overlaps else None)
+        for i, t in enumerate(ahead_seconds or ()):
+            if t is not None and tokens[i] / t > rates[i]:
+                rates[i], ahead[i] = tokens[i] / t, True
         plain = rates[0]
         self.best_spec_ratio = max(rates[1:], default=0.0) / plain
         k = max(range(len(rates)), key=lambda i: (rates[i], -i))
@@ -394,7 +416,7 @@ class GoodputController:
         if split is not None and split[1] > rates[k] * (1 + SPLIT_MARGIN):
             return Decision(split[0], False, False, split[1] / plain, split=True)
         if k > 0:
-            return Decision(k, self._draft_ahead(k, alphas), False, rates[k] / plain)
+            return Decision(k, ahead[k], False, rates[k] / plain)
         self._plain_steps_left = PLAIN_RECHECK_STEPS - 1
         return self._probe_or_plain(batch)
 
@@ -442,32 +464,19 @@ class GoodputController:
                 best = (k, rate)
         return best
 
-    def _draft_ahead(self, k: int, alphas: list[float]) -> bool:
-        """Drafting k + 1 ahead during the verification saves the next proposal (k forwards)
-        when all k drafts and the guessed bonus token are right (about a^(k+1)); it costs the
-        part of its k + 1 forwards that outlasts the verification."""
-        if not self.draft_ahead_overlaps:
-            return False
-        batch = len(alphas)
-        draft = self.t_draft.estimate(batch)
-        verify = self.t_verify.estimate(batch * (k + 1))
-        if draft is None or verify is None:
-            return False
-        hit = sum(a ** (k + 1) for a in alphas) / batch
-        return hit * k * draft > max(0.0, (k + 1) * draft - verify)
-
     # measurements
 
     def record_step(self, decision: Decision, num_decoding: int, num_tokens: int,
                     draft_s: float, step_s: float, draft_measured: bool,
                     drafter_s: Optional[float] = None,
-                    first_forward_s: Optional[float] = None) -> None:
+                    first_forward_s: Optional[float] = None, ahead_hit: bool = False) -> None:
         """A decode-only step ran: num_decoding requests, num_tokens tokens verified, draft_s of
         its step_s seconds spent proposing. draft_measured: the drafter was caught up (each
         drafting request drafted in the previous step, or the drafter had seen all its tokens
         but the last one or two), so draft_s is k forwards, not a catch-up on a prompt or on a
         run of plain steps. drafter_s, first_forward_s: the drafter's own timing of the
-        proposal and of its first forward, where it reports them."""
+        proposal and of its first forward, where it reports them. ahead_hit: every request's
+        drafts had been made ahead (draft_s: the wait for them)."""
         tally = self.by_k[decision.k]
         tally.steps += 1
         tally.measured += bool(draft_measured)
@@ -491,6 +500,8 @@ class GoodputController:
                 self._probes.append(extra / max(self.catch_up_tokens, num_decoding))
                 self.probe_cost_per_token = statistics.median_low(self._probes)
         self.t_verify.record(num_tokens, max(step_s - draft_s, 0.0))
+        if decision.k > 0 and ahead_hit and not decision.split:
+            self.t_hit.record(num_decoding, draft_s)
         if decision.k > 0 and draft_measured and not decision.split:
             self._record_proposal(num_decoding, decision.k, draft_s, drafter_s,
                                   first_forward_s)
@@ -535,9 +546,18 @@ class GoodputController:
         if num_drafts <= 0:
             return
         self._changes += 1
+        self.runs.record(num_drafts, num_accepted)
         self.engine_acceptance.record(num_drafts, num_accepted, self.decay)
         self.requests.setdefault(req_id, Acceptance()).record(num_drafts, num_accepted,
                                                                self.decay)
+
+    def record_ahead(self, k: int, used: bool) -> None:
+        """A request's k drafts were all accepted in a step that drafted ahead: the drafts made
+        ahead were used at its next proposal (its bonus token was the draft's guess) or not."""
+        self._changes += 1
+        self.num_ahead_heard += 1
+        self.num_ahead_used += used
+        self.runs.record_position(k + 1, used)
 
     def free(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
@@ -549,6 +569,7 @@ class GoodputController:
         draft = self.t_draft.estimate(1)
         first = self.t_first.estimate(1)
         verify = self.t_verify.estimate(1)
+        hit = self.t_hit.estimate(1)
         return {"controller_k": last.k, "controller_acceptance": self.acceptance(),
                 "controller_modelled_speedup": last.modelled_speedup or 1.0,
                 "controller_draft_ahead": int(last.draft_ahead),
@@ -560,4 +581,7 @@ class GoodputController:
                 "controller_draft_forward_ms": 1e3 * draft if draft is not None else 0.0,
                 "controller_proposal_fixed_ms": 1e3 * first if first is not None else 0.0,
                 "controller_plain_step_ms": 1e3 * verify if verify is not None else 0.0,
+                "controller_ahead_wait_ms": 1e3 * hit if hit is not None else 0.0,
+                "controller_num_ahead_used": self.num_ahead_used,
+                "controller_num_ahead_missed": self.num_ahead_heard - self.num_ahead_used,
                 "controller_k_steps": list(self.k_histogram)}

@@ -24,9 +24,13 @@ class Proposal:
     # of those its first forward's (the catch-up on the tokens it had not seen)
     seconds: Optional[float] = None
     first_forward_seconds: Optional[float] = None
-    # requests whose drafts were made ahead, during the last verification: no forward ran for
-    # them now, so the proposal's time does not measure their drafting
-    num_from_ahead: int = 0
+    # the indices of the requests whose drafts were made ahead, during the last verification:
+    # no forward ran for them now, so the proposal's time does not measure their drafting
+    from_ahead: list[int] = field(default_factory=list)
+
+    @property
+    def num_from_ahead(self) -> int:
+        return len(self.from_ahead)
 
 
 class ProposalHandle:

@@ -57,7 +57,13 @@ class SpecDecoder:
         self._drafted_last_step: set[str] = set()
         self._seen: dict[str, int] = {}  # req_id -> its tokens when last sent to the proposer
         self._draft_measured = False
-        self._from_ahead = False  # this step's proposal came (partly) from drafting ahead
+        # of this step's waited-for proposal, the requests whose drafts had been made ahead
+        # (none: it measures the draft; all: it measures the wait for drafts made ahead)
+        self._num_from_ahead = 0
+        self._num_proposed = 0
+        # req_id -> k: requests whose k drafts were all accepted in the last step, which drafted
+        # ahead; their next proposal tells whether the drafts made ahead were used
+        self._ahead_pending: dict[str, int] = {}
         # the last step, for the controller's realized goodput once the next one starts:
         # (its controller, decoding requests, speculated, tokens emitted, its start)
         self._realized_step: Optional[tuple] = None
@@ -121,7 +127,7 @@ class SpecDecoder:
                                            self._step_start - start)
         self._draft_s = 0.0
         self._drafter_timing = (None, None)
-        self._from_ahead = False
+        self._num_from_ahead = self._num_proposed = 0
         spec = self.spec_config
         decoding = None  # worked out only where a decision needs it (never for plain engines)
         if self.proposer is None or (spec.speculative_disable_by_batch_size is not None
@@ -134,8 +140,9 @@ class SpecDecoder:
             seeded = any(r.sampling_params.seed is not None for r in running)
             decoding = _decoding(running)
             catch_up = sum(r.num_tokens - self._seen.get(r.req_id, 0) for r in decoding)
-            self.decision = self.controller.decide([r.req_id for r in decoding], seeded,
-                                                   catch_up)
+            self.decision = self.controller.decide(
+                [r.req_id for r in decoding], seeded, catch_up,
+                [r.sampling_params.is_plain_greedy for r in decoding])
             if self.spec_config.speculative_draft_ahead == "on" and not self.decision.probe:
                 self.decision.draft_ahead = self.draft_ahead
         self.resting = self._plan_split(running, decoding)
@@ -189,6 +196,10 @@ class SpecDecoder:
         if need:
             ready.update(self._propose_now([out.requests[i] for i in need],
                                            [out.num_lookahead[i] for i in need]))
+        # what is not heard now is stale, but for the resting requests of a split step (their
+        # proposal is sent now, its answer read at the next step)
+        resting = {r.req_id for r in self.resting}
+        self._ahead_pending = {r: k for r, k in self._ahead_pending.items() if r in resting}
         for i in idx:
             self._seen[out.requests[i].req_id] = out.requests[i].num_tokens
             drafts, probs = ready.pop(out.requests[i].req_id, ([], None))
@@ -212,7 +223,7 @@ class SpecDecoder:
         # drafts made ahead cost no forward now: such a proposal prices no draft forward (run
         # 17 on the H200: priced at ~0 ms a forward, the controller took k = 8 at 1.41x plain
         # where k = 4 gave 1.65x)
-        self._draft_measured = bool(drafted) and fresh and not self._from_ahead
+        self._draft_measured = bool(drafted) and fresh and not self._num_from_ahead
         self._drafted_last_step = drafted
         return bool(drafted)
 
@@ -260,9 +271,21 @@ class SpecDecoder:
         self.metrics.drafter_busy_s += proposal.seconds or 0.0
         self.metrics.drafter_first_forward_s += proposal.first_forward_seconds or 0.0
         self._drafter_timing = (proposal.seconds, proposal.first_forward_seconds)
-        self._from_ahead = proposal.num_from_ahead > 0
+        self._num_from_ahead, self._num_proposed = proposal.num_from_ahead, len(reqs)
+        self._hear_ahead([r.req_id for r in reqs], proposal)
         return {r.req_id: (d, p) for r, d, p in zip(reqs, proposal.draft_token_ids,
                                                     proposal.draft_probs)}
+
+    def _hear_ahead(self, req_ids: list[str], proposal: Any) -> None:
+        """Tells the controller, for each of req_ids whose drafts were all accepted in a step
+        that drafted ahead, whether the proposal used the drafts made ahead for it."""
+        if self.controller is None or not self._ahead_pending:
+            return
+        used = set(proposal.from_ahead)
+        for i, req_id in enumerate(req_ids):
+            k = self._ahead_pending.pop(req_id, None)
+            if k is not None:
+                self.controller.record_ahead(k, i in used)
 
     def _send_resting(self) -> None:
         """A split step: the resting requests are drafted while the target verifies."""
@@ -293,6 +316,7 @@ class SpecDecoder:
             for req_id in inflight.req_ids:
                 self._free_id(req_id)
             return {}
+        self._hear_ahead(inflight.req_ids, proposal)
         if self.controller is not None and proposal.seconds and any(proposal.draft_token_ids):
             self.controller.record_draft(len(inflight.req_ids), inflight.k, proposal.seconds,
                                          proposal.first_forward_seconds)
@@ -332,6 +356,9 @@ class SpecDecoder:
         if not any(out.draft_token_ids):
             self._drafted_last_step = set()
             return
+        # the drafter drafted past these drafts while the target verified them (greedy requests
+        # only): where all were accepted, the next proposal tells whether its guess was right
+        ahead = self.controller is not None and self.decision.draft_ahead
         self.metrics.verify_time_s += verify_s
         self.metrics.num_verify_forwards += 1
         for req, drafts, new_ids in zip(out.requests, out.draft_token_ids, sampled):
@@ -339,6 +366,8 @@ class SpecDecoder:
                 continue
             if self.controller is not None:
                 self.controller.record_verdict(req.req_id, len(drafts), len(new_ids) - 1)
+            if ahead and len(new_ids) - 1 == len(drafts) and req.sampling_params.is_plain_greedy:
+                self._ahead_pending[req.req_id] = len(drafts)
             try:
                 self.proposer.accept(req, len(new_ids) - 1)
             except Exception:  # noqa: BLE001 - the drafter resyncs this request
@@ -375,7 +404,9 @@ class SpecDecoder:
         decision = self.decision if k == self.decision.k else Decision(0)
         self.controller.record_step(decision, len(out.requests), out.total_num_tokens,
                                     self._draft_s, time.perf_counter() - self._step_start,
-                                    self._draft_measured, *self._drafter_timing)
+                                    self._draft_measured, *self._drafter_timing,
+                                    ahead_hit=0 < self._num_from_ahead == self._num_proposed
+                                    == len(out.requests))
 
     def free(self, reqs: list[Request]) -> None:
         """Makes the proposer forget reqs (finished, or to resync from their tokens)."""

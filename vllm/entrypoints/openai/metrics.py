@@ -83,7 +83,9 @@ class _EngineCollector(Collector):
                               "beyond its later forwards: messages, waking, the first forward "
                               "(batch 1)"),
                              ("controller_plain_step_ms", "measured ms of a plain step "
-                              "(batch 1)")):
+                              "(batch 1)"),
+                             ("controller_ahead_wait_ms", "measured ms of a proposal whose "
+                              "drafts were made ahead (batch 1)")):
                 if key in m:
                     yield self._gauge(f"vllm:spec_decode_{key}", doc, m[key])
             for key, doc in (("controller_num_probes", "one-draft probes the controller took"),
@@ -92,7 +94,12 @@ class _EngineCollector(Collector):
                              ("controller_num_vetoed", "steps the realized-goodput guard kept "
                               "plain where speculation measured slower than plain decoding"),
                              ("controller_num_measuring_plain", "steps the realized-goodput "
-                              "guard kept plain to measure plain decoding")):
+                              "guard kept plain to measure plain decoding"),
+                             ("controller_num_ahead_used", "requests whose drafts made ahead "
+                              "were used (all drafts accepted, the bonus token guessed)"),
+                             ("controller_num_ahead_missed", "requests whose drafts were all "
+                              "accepted in a step that drafted ahead, but the bonus token was "
+                              "not the draft's guess")):
                 if key in m:
                     yield self._counter(f"vllm:spec_decode_{key}", doc, m[key])
             if "controller_k_steps" in m:
