@@ -115,19 +115,22 @@ def test_long_requests_and_large_batches_go_on_without_speculation(spec_target, 
     assert off.llm_engine.spec_metrics.num_spec_steps == 0
 
 
-@pytest.mark.parametrize("outcome", ["hit", "wrong-bonus", "partial", "plain-step-between"])
+@pytest.mark.parametrize("outcome", ["hit", "hit-fewer", "hit-more", "wrong-bonus", "partial",
+                                     "plain-step-between"])
 def test_drafts_made_ahead_are_used_only_when_valid(spec_target, spec_draft, outcome):
     """After propose() and propose_ahead(), the target's verdict decides: all accepted with the
     guessed bonus token -> the drafts made ahead come back without a forward; otherwise (a
     different bonus token, a rejection, or a plain decode step in between that appended a token)
     they are dropped, the KV is kept only where the tokens are the target's, and the next drafts
-    equal those of a fresh draft worker."""
+    equal those of a fresh draft worker. A right guess with more drafts asked than were made
+    ahead (the controller raised k) drafts them all afresh; the proposal says which requests'
+    drafts came from ahead and which were guessed right."""
     worker = make_proposer(spec_target, spec_draft)
     req = request(list(range(10, 30)))
     drafts = worker.propose([req], [3]).result().draft_token_ids[0]
     worker.propose_ahead()
     guess, ahead = worker.seqs["r"].token_ids[23], worker.ahead["r"][1]
-    if outcome == "hit":
+    if outcome.startswith("hit"):
         worker.accept(req, 3)
         req.output_token_ids = drafts + [guess]
     elif outcome == "wrong-bonus":
@@ -142,15 +145,20 @@ def test_drafts_made_ahead_are_used_only_when_valid(spec_target, spec_draft, out
     forwards = worker.runner.model.forward
     calls = []
     worker.runner.model.forward = lambda *a, **kw: calls.append(1) or forwards(*a, **kw)
-    got = worker.propose([req], [3]).result().draft_token_ids[0]
+    k = {"hit-fewer": 2, "hit-more": 5}.get(outcome, 3)
+    proposal = worker.propose([req], [k]).result()
+    got = proposal.draft_token_ids[0]
     fresh = make_proposer(spec_target, spec_draft)
-    assert got == fresh.propose([req], [3]).result().draft_token_ids[0]
-    if outcome == "hit":
-        assert got == ahead and not calls and worker.ahead_stats["used"] == 1
+    assert got == fresh.propose([req], [k]).result().draft_token_ids[0] and len(got) == k
+    served = outcome in ("hit", "hit-fewer")
+    if served:
+        assert got == ahead[:k] and not calls and worker.ahead_stats["used"] == 1
     else:
         assert calls and worker.ahead_stats["used"] == 0
+    assert proposal.from_ahead == ([0] if served else [])
+    assert proposal.ahead_guessed == ([0] if outcome.startswith("hit") else [])
     # and the KV the worker kept is right: its next drafts after a full acceptance match too
-    worker.accept(req, 3)
+    worker.accept(req, k)
     req.output_token_ids += got + [5]
     fresh = make_proposer(spec_target, spec_draft)
     assert (worker.propose([req], [2]).result().draft_token_ids[0]

@@ -156,8 +156,10 @@ def test_the_step_costs_of_every_k_follow_the_model():
 
 
 def test_a_probe_is_priced_by_the_tokens_the_draft_must_catch_up_on():
-    """Once a probe measured its cost per caught-up token, a probe that would make the draft
-    catch up on a long history waits, and one over new requests (their prompts only) goes."""
+    """Once a probe measured its cost per caught-up token (beyond the model's probe), a probe
+    that would make the draft catch up on a long history waits, and one over new requests
+    (their prompts only) goes; a long history prices a probe by its tokens, not as a multiple
+    of the first probe's whole cost."""
     ctrl = GoodputController(max_k=4)
     ids = [f"r{i}" for i in range(8)]
     for _ in range(20):  # plain steps, then a probe over 8 x 100 tokens costing 80 ms
@@ -169,10 +171,42 @@ def test_a_probe_is_priced_by_the_tokens_the_draft_must_catch_up_on():
     ctrl.record_draft(8, 1, 2e-3)
     ctrl.decide(ids, seeded=False, catch_up_tokens=800)
     ctrl.record_step(Decision(1, probe=True), 8, 16, 0.08, 0.086, False)
-    assert ctrl.probe_cost_per_token == pytest.approx(0.08 / 800)
+    # 2 ms of it the model's probe (one 2 ms draft forward for the 8), 78 ms the 800 tokens
+    assert ctrl.probe_cost_per_token == pytest.approx(0.078 / 800)
+    ctrl.catch_up_tokens = 8000
+    assert ctrl._probe_cost(8) == pytest.approx(0.002 + 0.78)
     ctrl.probe_credit = 0.04  # half the cost of catching up on 800 tokens again
     assert ctrl.decide(ids, seeded=False, catch_up_tokens=800).k == 0
-    assert ctrl.decide(ids, seeded=False, catch_up_tokens=200).probe  # 20 ms: paid
+    assert ctrl.decide(ids, seeded=False, catch_up_tokens=200).probe  # 21.5 ms: paid
+
+
+def test_a_request_gone_plain_is_probed_again_however_long_its_history():
+    """A request whose drafts were rejected goes plain and the drafter is no longer fed, so each
+    plain step adds a token a probe must catch up on; its credit grows by the same steps. The
+    first probe (2 tokens to catch up on, 1.4 ms beyond a plain step, the model's 1.3 ms of it)
+    must not price every later one by its whole cost per token (0.7 ms a token against 0.15 ms
+    of credit a step: never again); measured on the H200, 116 plain steps to the request's end.
+    A probe's catch-up is one forward, 2.1 ms for 117 tokens against 0.7 ms for one."""
+    ctrl = GoodputController(max_k=4)
+    record_twice(ctrl.t_verify, 1, 5e-3)
+    record_twice(ctrl.t_verify, 2, 5e-3)
+    record_twice(ctrl.t_draft, 1, 0.8e-3)
+    record_twice(ctrl.t_first, 1, 1.3e-3)
+    for _ in range(20):
+        ctrl.record_verdict("r0", 4, 0)
+    assert ctrl.decide(["r0"], seeded=False, catch_up_tokens=2).k == 0
+    ctrl.catch_up_tokens = 2
+    ctrl.record_step(Decision(1, probe=True), 1, 2, 1.4e-3, 6.4e-3, True)
+    probes_at = []
+    for step in range(1, 200):
+        d = ctrl.decide(["r0"], seeded=False, catch_up_tokens=step)
+        if d.probe:
+            probes_at.append(step)
+            ctrl.record_step(d, 1, 2, 0.7e-3 + 1.2e-5 * step, 5.7e-3 + 1.2e-5 * step, True)
+            ctrl.record_verdict("r0", 1, 0)
+            break
+        ctrl.record_step(d, 1, 1, 0.0, 5e-3, False)
+    assert probes_at and probes_at[0] < 60
 
 
 def fed_share(ctrl: GoodputController, draft_cost: float) -> tuple[float, int]:
@@ -531,3 +565,20 @@ def test_drafting_ahead_is_priced_into_the_choice_of_k(stay, recover, later):
     assert best[1] and sum(ahead for _, ahead in chosen[300:]) > 0.8 * 1200
     usual = max(set(chosen[300:]), key=chosen[300:].count)
     assert abs(usual[0] - best[0]) <= 1
+
+
+def test_the_wait_for_drafting_ahead_is_not_priced_as_the_proposal_s_own():
+    """A proposal that waited for the drafter to finish drafting ahead (the forwards ahead
+    outlasted the verification) prices its proposal cost without that wait, which the model
+    prices apart where the forwards ahead outlast the verification (on the H200 the fixed cost
+    of a proposal read 1.0 -> 2.2 ms from it, and the controller drafted less and less)."""
+    ctrl = GoodputController(max_k=4, draft_ahead_overlaps=True)
+    for _ in range(3):
+        ctrl.record_step(Decision(4, draft_ahead=True), 1, 5, 5.2e-3, 10.2e-3, True, 3.0e-3,
+                         0.9e-3, queued_s=2.0e-3)
+    assert ctrl.t_draft.estimate(1) == pytest.approx(0.7e-3)
+    assert ctrl.t_first.estimate(1) == pytest.approx(3.2e-3 - 3 * 0.7e-3)
+    for _ in range(2):  # drafts made ahead served: the wait for them, without the queue
+        ctrl.record_step(Decision(4, draft_ahead=True), 1, 5, 0.5e-3, 5.5e-3, False,
+                         ahead_hit=True, queued_s=0.3e-3)
+    assert ctrl.t_hit.estimate(1) == pytest.approx(0.2e-3)

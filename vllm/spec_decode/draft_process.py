@@ -11,8 +11,10 @@ One message per engine step goes down the pipe, one comes back:
                         that answer later, never waiting for it)
     drafter -> engine   ("drafts", ids per request, draft probs per request or None, seconds
                         the drafter spent drafting them, of which its first forward's, the
-                        indices of the requests whose drafts it had made ahead, its
-                        drafting-ahead totals so far {"made": n, "used": n})
+                        indices of the requests whose drafts it had made ahead, of those
+                        whose tokens it had guessed ahead, its drafting-ahead totals so far
+                        {"made": n, "used": n}, seconds the step waited for its drafting
+                        ahead)
                         then, with drafting ahead, the drafter drafts past its proposal while the
                         engine verifies it; the next DraftStep is read once that is done
 
@@ -69,6 +71,9 @@ class DraftStep:
     proposals: list[tuple[str, int]] = field(default_factory=list)  # (req_id, max drafts)
     draft_ahead: bool = False
     feeds: list[str] = field(default_factory=list)  # catch up on these, draft nothing
+    # time.monotonic() at sending (one clock for every process of the machine): the drafter
+    # tells how long the step waited for its drafting ahead
+    sent_at: float = 0.0
 
 
 class MirroredRequest:
@@ -106,6 +111,7 @@ def _drafter_main() -> None:
         return
     conn.send(("ready", os.getpid()))
     mirrors: dict[str, MirroredRequest] = {}
+    ahead_done = 0.0  # time.monotonic() when the last drafting ahead ended
     while True:
         try:
             if spin:  # awake for the next step while steps come
@@ -118,7 +124,8 @@ def _drafter_main() -> None:
         if step is None:
             return
         try:
-            conn.send(("drafts", *_serve_step(proposer, mirrors, step)))
+            queued = max(0.0, ahead_done - step.sent_at) if step.sent_at else 0.0
+            conn.send(("drafts", *_serve_step(proposer, mirrors, step), queued))
         except Exception as e:  # noqa: BLE001 - one failed step; resync everything
             logger.exception("drafter step failed; resetting its state")
             for req_id in list(mirrors):
@@ -126,13 +133,16 @@ def _drafter_main() -> None:
             mirrors.clear()
             conn.send(("failed", f"{type(e).__name__}: {e}"))
             continue
+        ahead_done = 0.0
         if step.draft_ahead:
             proposer.propose_ahead()
+            ahead_done = time.monotonic()
 
 
 def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
                 step: DraftStep) -> tuple[list[list[int]], list, Optional[float],
-                                          Optional[float], list[int], dict[str, int]]:
+                                          Optional[float], list[int], list[int],
+                                          dict[str, int]]:
     for req_id in step.frees:
         proposer.free(req_id)
         mirrors.pop(req_id, None)
@@ -149,7 +159,7 @@ def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],
     proposal = proposer.propose(reqs, [k for _, k in step.proposals]).result()
     probs = [p.numpy() if p is not None else None for p in proposal.draft_probs]
     return (proposal.draft_token_ids, probs, proposal.seconds, proposal.first_forward_seconds,
-            proposal.from_ahead, dict(proposer.ahead_stats))
+            proposal.from_ahead, proposal.ahead_guessed, dict(proposer.ahead_stats))
 
 
 class DraftProcessProposer(Proposer):
@@ -329,6 +339,7 @@ class DraftProcessProposer(Proposer):
         return self.ready
 
     def _send(self, step: DraftStep) -> bool:
+        step.sent_at = time.monotonic()
         try:
             self.conn.send(step)
         except OSError:
@@ -364,12 +375,14 @@ class DraftProcessProposer(Proposer):
                            "speculation", value[0])
             return empty
         self.consecutive_failures = 0
-        draft_ids, probs, seconds, first_forward_s, from_ahead, ahead_totals = value
+        (draft_ids, probs, seconds, first_forward_s, from_ahead, guessed, ahead_totals,
+         queued) = value
         for key, total in ahead_totals.items():
             self.ahead_stats[key] += total - self.drafter_ahead_totals.get(key, 0)
         self.drafter_ahead_totals = ahead_totals
         return Proposal(draft_ids, [torch.from_numpy(p) if p is not None else None
-                                    for p in probs], seconds, first_forward_s, from_ahead)
+                                    for p in probs], seconds, first_forward_s, from_ahead,
+                        guessed, queued)
 
     def accept(self, req: Request, num_accepted: int) -> None:
         self.pending.accepts.append((req.req_id, num_accepted))

@@ -146,13 +146,15 @@ class DraftModelProposer(Proposer):
     @torch.inference_mode()
     def _propose(self, requests: list[Request], max_num_drafts: list[int]) -> Proposal:
         start = time.perf_counter()
-        active, ks, ready = [], [], {}
+        active, ks, ready, guessed = [], [], {}, set()
         for req, k in zip(requests, max_num_drafts):
             k = min(k, self.max_model_len - req.num_tokens)
             if k <= 0:
                 continue
             hit = self._take_ahead(req, k)
             if hit is not None:
+                guessed.add(req.req_id)
+            if hit is not None and len(hit) == k:
                 ready[req.req_id] = hit
             elif self._prepare(req, k):
                 active.append(req)
@@ -170,6 +172,7 @@ class DraftModelProposer(Proposer):
         result.seconds = time.perf_counter() - start
         result.first_forward_seconds = first_forward_s
         result.from_ahead = [i for i, r in enumerate(requests) if r.req_id in ready]
+        result.ahead_guessed = [i for i, r in enumerate(requests) if r.req_id in guessed]
         return result
 
     def _draft(self, reqs: list[Request], ks: list[int]
@@ -247,7 +250,12 @@ class DraftModelProposer(Proposer):
             self.ahead_stats["made"] += 1
 
     def _take_ahead(self, req: Request, k: int) -> Optional[list[int]]:
-        """The drafts made ahead for req, if its tokens are now those they were made after."""
+        """The drafts made ahead for req, if its tokens are now those they were made after (the
+        guess was right), at most k; the sequence then holds them where there are k of them.
+        Fewer than k (the step before drafted fewer) are not used: the step drafts k afresh
+        from the target's tokens, whose KV the drafting ahead made (used, the k asked for
+        would be cut to the step before's, and a controller that raised k would see none of
+        it: on the H200 a chain of 2-draft steps under k = 8 went on for hundreds of steps)."""
         entry = self.ahead.pop(req.req_id, None)
         seq = self.seqs.get(req.req_id)
         if entry is None or seq is None:
@@ -260,7 +268,8 @@ class DraftModelProposer(Proposer):
                         min(len(seq.token_ids), len(tokens)))
             seq.num_computed_tokens = min(seq.num_computed_tokens, same)
             return None  # _prepare resyncs the tokens
-        k = min(k, len(drafts))
+        if len(drafts) < k:
+            return drafts
         seq.token_ids = tokens + drafts[:k]
         seq.num_target_tokens = len(tokens)
         # KV valid for the target's tokens and the drafts but the last (never fed)

@@ -443,13 +443,21 @@ class GoodputController:
         return self.probe_credit >= 0.5 * self._probe_cost(self.last_batch)
 
     def _probe_cost(self, batch: int) -> float:
-        """Foreseen seconds of a one-draft probe over a plain step: the model's, or more by the
-        tokens it would catch up on, once a probe measured that."""
-        seconds = self.step_seconds_by_k(batch)
-        modelled = seconds[1] - seconds[0]
+        """Foreseen seconds of a one-draft probe over a plain step: the model's, plus the
+        tokens it would catch up on at the cost per token the last probes measured beyond the
+        model's. (Priced per token alone, as before, a probe after a long run of plain steps
+        was dearer than the credit could ever reach, which grows by the same steps: on the H200
+        a request that went plain was never probed again, 116 steps, its catch-up forward of
+        117 tokens costing 2.1 ms against 0.7 ms for one.)"""
+        modelled = self._modelled_probe_cost(batch)
         if self.probe_cost_per_token is None:
             return modelled
-        return max(modelled, self.probe_cost_per_token * max(self.catch_up_tokens, batch))
+        return modelled + self.probe_cost_per_token * max(self.catch_up_tokens, batch)
+
+    def _modelled_probe_cost(self, batch: int) -> float:
+        """The model's seconds of a one-draft step over a plain one (no catch-up)."""
+        seconds = self.step_seconds_by_k(batch)
+        return 0.0 if seconds is None else seconds[1] - seconds[0]
 
     def _best_split(self, alphas: list[float],
                     tokens: list[float]) -> Optional[tuple[int, float]]:
@@ -469,14 +477,18 @@ class GoodputController:
     def record_step(self, decision: Decision, num_decoding: int, num_tokens: int,
                     draft_s: float, step_s: float, draft_measured: bool,
                     drafter_s: Optional[float] = None,
-                    first_forward_s: Optional[float] = None, ahead_hit: bool = False) -> None:
+                    first_forward_s: Optional[float] = None, ahead_hit: bool = False,
+                    queued_s: float = 0.0) -> None:
         """A decode-only step ran: num_decoding requests, num_tokens tokens verified, draft_s of
         its step_s seconds spent proposing. draft_measured: the drafter was caught up (each
         drafting request drafted in the previous step, or the drafter had seen all its tokens
         but the last one or two), so draft_s is k forwards, not a catch-up on a prompt or on a
         run of plain steps. drafter_s, first_forward_s: the drafter's own timing of the
         proposal and of its first forward, where it reports them. ahead_hit: every request's
-        drafts had been made ahead (draft_s: the wait for them)."""
+        drafts had been made ahead (draft_s: the wait for them). queued_s: of draft_s, the
+        wait for the drafter to finish drafting ahead past the last proposal (priced apart:
+        ahead_step_seconds' stall; on the H200 it went into the proposal's fixed cost, 1.0 ->
+        2.2 ms, where the forwards ahead outlasted the verification)."""
         tally = self.by_k[decision.k]
         tally.steps += 1
         tally.measured += bool(draft_measured)
@@ -496,15 +508,17 @@ class GoodputController:
             if plain is not None:
                 extra = max(step_s - plain, draft_s)  # at least its drafting, however noisy
                 # a probe after a run of plain steps may pay the draft's catch-up on every
-                # token since: its cost per caught-up token (medians of the last probes)
-                self._probes.append(extra / max(self.catch_up_tokens, num_decoding))
+                # token since: what it cost beyond the model's probe, per caught-up token
+                # (medians of the last probes)
+                beyond = max(0.0, extra - self._modelled_probe_cost(num_decoding))
+                self._probes.append(beyond / max(self.catch_up_tokens, num_decoding))
                 self.probe_cost_per_token = statistics.median_low(self._probes)
         self.t_verify.record(num_tokens, max(step_s - draft_s, 0.0))
         if decision.k > 0 and ahead_hit and not decision.split:
-            self.t_hit.record(num_decoding, draft_s)
+            self.t_hit.record(num_decoding, max(draft_s - queued_s, 0.0))
         if decision.k > 0 and draft_measured and not decision.split:
-            self._record_proposal(num_decoding, decision.k, draft_s, drafter_s,
-                                  first_forward_s)
+            self._record_proposal(num_decoding, decision.k, max(draft_s - queued_s, 0.0),
+                                  drafter_s, first_forward_s)
         if decision.k == 0:
             self.probe_credit += self.probe_fraction * step_s
 

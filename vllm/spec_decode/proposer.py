@@ -27,6 +27,14 @@ class Proposal:
     # the indices of the requests whose drafts were made ahead, during the last verification:
     # no forward ran for them now, so the proposal's time does not measure their drafting
     from_ahead: list[int] = field(default_factory=list)
+    # the indices of the requests whose target tokens turned out as drafting ahead guessed them
+    # (all the last drafts accepted, the bonus token the draft's next one), their drafts made
+    # ahead served or not
+    ahead_guessed: list[int] = field(default_factory=list)
+    # seconds the proposal waited for the drafter to finish drafting ahead past the last one (a
+    # draft process reads the next step only then): the engine's wait less this is the
+    # proposal's own
+    queued_seconds: float = 0.0
 
     @property
     def num_from_ahead(self) -> int:

@@ -52,8 +52,10 @@ class SpecDecoder:
         self.decision = Decision(0)
         self._step_start = 0.0
         self._draft_s = 0.0
-        # the drafter's own (seconds, first forward) of this step's waited-for proposal
+        # the drafter's own (seconds, first forward) of this step's waited-for proposal, and
+        # how long it waited for the drafter's drafting ahead
         self._drafter_timing: tuple = (None, None)
+        self._queued_s = 0.0
         self._drafted_last_step: set[str] = set()
         self._seen: dict[str, int] = {}  # req_id -> its tokens when last sent to the proposer
         self._draft_measured = False
@@ -127,6 +129,7 @@ class SpecDecoder:
                                            self._step_start - start)
         self._draft_s = 0.0
         self._drafter_timing = (None, None)
+        self._queued_s = 0.0
         self._num_from_ahead = self._num_proposed = 0
         spec = self.spec_config
         decoding = None  # worked out only where a decision needs it (never for plain engines)
@@ -271,6 +274,7 @@ class SpecDecoder:
         self.metrics.drafter_busy_s += proposal.seconds or 0.0
         self.metrics.drafter_first_forward_s += proposal.first_forward_seconds or 0.0
         self._drafter_timing = (proposal.seconds, proposal.first_forward_seconds)
+        self._queued_s = proposal.queued_seconds
         self._num_from_ahead, self._num_proposed = proposal.num_from_ahead, len(reqs)
         self._hear_ahead([r.req_id for r in reqs], proposal)
         return {r.req_id: (d, p) for r, d, p in zip(reqs, proposal.draft_token_ids,
@@ -278,10 +282,10 @@ class SpecDecoder:
 
     def _hear_ahead(self, req_ids: list[str], proposal: Any) -> None:
         """Tells the controller, for each of req_ids whose drafts were all accepted in a step
-        that drafted ahead, whether the proposal used the drafts made ahead for it."""
+        that drafted ahead, whether the drafter had guessed its tokens (its bonus token)."""
         if self.controller is None or not self._ahead_pending:
             return
-        used = set(proposal.from_ahead)
+        used = set(proposal.ahead_guessed)
         for i, req_id in enumerate(req_ids):
             k = self._ahead_pending.pop(req_id, None)
             if k is not None:
@@ -406,7 +410,7 @@ class SpecDecoder:
                                     self._draft_s, time.perf_counter() - self._step_start,
                                     self._draft_measured, *self._drafter_timing,
                                     ahead_hit=0 < self._num_from_ahead == self._num_proposed
-                                    == len(out.requests))
+                                    == len(out.requests), queued_s=self._queued_s)
 
     def free(self, reqs: list[Request]) -> None:
         """Makes the proposer forget reqs (finished, or to resync from their tokens)."""
