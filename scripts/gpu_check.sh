@@ -31,11 +31,13 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan: the pair and the served sweep at the final code, whose guard lets a
-#   veto lapse on a new request (unmeasured on the GPU), with 2 rounds of the pair and
-#   SERVE_ROUNDS=2 (the plain figure at 64 clients swings by up to 40% between runs; ~3.5 min
-#   a round of two configs); then a mixed step split into the decode batch's graph and a
-#   prompt-only forward, once written)
+#   (the next lease's plan: the 7B and the 13B pair at the final code (PAIR_KS=4,6,8,
+#   PAIR_ADAPTIVE=1 PAIR_ROUNDS=2, PAIR_SHAPE=llama-2-13b into another OUT_DIR: the stage
+#   writes /tmp/pair7b and spec_pair7b.json whatever the shape), whose controller keeps each
+#   request's runs of accepted drafts (unmeasured on the GPU; run 19's scaled the engine's and
+#   went plain for low-rate requests), then the served sweep with SERVE_ROUNDS=2; the trace of
+#   each controller row now holds every decision's drafting ahead, modelled speedup and
+#   acceptance. A lease costs ~110 s of build, ~4 min a pair stage, ~3.5 min a served round)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
 #   a pair stage is ~4 min with its training, ~1 min more per extra round)
 #   (each stage takes, on the H200: build ~85-100 s, goodput ~25 s a run (batch and mode), pair

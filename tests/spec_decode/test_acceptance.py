@@ -1,13 +1,14 @@
 """The acceptance model behind the goodput controller's choices: with few verdicts it is the
 geometric one (1 + a + .. + a^k tokens, a^(k+1) for drafts made ahead to be used); from
 verdicts and guesses made ahead it learns how far runs of accepted drafts really reach, which
-the geometric model misjudges when drafts agree in runs."""
+the geometric model misjudges when drafts agree in runs; a request's own runs take over from
+the engine's as its verdicts come."""
 import math
 import random
 
 import pytest
 
-from vllm.spec_decode.acceptance import AcceptedRuns, expected_tokens
+from vllm.spec_decode.acceptance import AcceptedRuns, expected_tokens, tokens_and_hits
 
 
 @pytest.mark.parametrize("alphas", [[0.7], [0.2, 0.9], [0.0, 0.3, 0.75, 1.0],
@@ -15,14 +16,15 @@ from vllm.spec_decode.acceptance import AcceptedRuns, expected_tokens
 def test_without_verdicts_the_runs_are_geometric(alphas):
     """Both the few-request and the numpy path, each request at its own rate."""
     runs = AcceptedRuns(9, 0.98)
-    odds = runs.tokens_and_hits(alphas, 0.7, 8)
+    hazards = [runs.hazards([1.0 - a] * 9) for a in alphas]
+    odds = tokens_and_hits(hazards, 8)
     assert odds.tokens == pytest.approx([sum(expected_tokens(a, k) for a in alphas)
                                          for k in range(9)])
     assert odds.all_hit == pytest.approx([math.prod(a ** (k + 1) for a in alphas)
                                           for k in range(9)])
     assert odds.hits == pytest.approx([sum(a ** (k + 1) for a in alphas) for k in range(9)])
     # a request drafts are not made ahead for (sampled) is never a hit
-    masked = runs.tokens_and_hits(alphas, 0.7, 8, [False] + [True] * (len(alphas) - 1))
+    masked = tokens_and_hits(hazards, 8, [False] + [True] * (len(alphas) - 1))
     assert masked.tokens == odds.tokens and masked.all_hit == [0.0] * 9
     assert masked.hits == pytest.approx([sum(a ** (k + 1) for a in alphas[1:])
                                          for k in range(9)])
@@ -40,7 +42,7 @@ def test_independent_verdicts_give_flat_hazards():
     for _ in range(3000):
         k = rng.choice([2, 4])
         runs.record(k, next((j for j in range(k) if rng.random() >= 0.7), k))
-    hazards = runs.hazards(0.7)
+    hazards = runs.hazards([0.3] * 5)
     assert hazards[:4] == pytest.approx([0.3] * 4, abs=0.04)
     assert hazards[4] == pytest.approx(0.3)  # never reached: the prior (the geometric hazard)
 
@@ -49,7 +51,7 @@ def test_runs_that_come_whole_are_told_from_the_geometric_model():
     """Drafts that are either rejected at once or accepted for good (a boilerplate stretch):
     half the verifications of 8 accept none, half all 8 and the guess made ahead after them.
     The geometric fit (a = accepted / (accepted + rejections) = 0.89) foresees a^9 = 0.35 for
-    drafts made ahead at k = 8 to be used and 2.3 tokens at k = 2; the runs, 0.5 and 2.0."""
+    drafts made ahead at k = 8 to be used and 2.7 tokens at k = 2; the runs, 0.5 and 2.0."""
     runs = AcceptedRuns(9, 0.995)
     for i in range(400):
         whole = i % 2 == 0
@@ -57,25 +59,21 @@ def test_runs_that_come_whole_are_told_from_the_geometric_model():
         if whole:
             runs.record_position(9, True)
     a = 8 * 0.5 / (8 * 0.5 + 0.5)
-    odds = runs.tokens_and_hits([a], a, 8)
-    tokens, hits = odds.tokens, odds.all_hit
-    assert hits[8] == pytest.approx(0.5, abs=0.02) and a ** 9 < 0.36
-    assert tokens[2] == pytest.approx(2.0, abs=0.03) and expected_tokens(a, 2) > 2.6
-    assert hits[0] == pytest.approx(0.5, abs=0.02)
+    odds = tokens_and_hits([runs.hazards([1.0 - a] * 9)], 8)
+    assert odds.all_hit[8] == pytest.approx(0.5, abs=0.02) and a ** 9 < 0.36
+    assert odds.tokens[2] == pytest.approx(2.0, abs=0.03) and expected_tokens(a, 2) > 2.6
+    assert odds.all_hit[0] == pytest.approx(0.5, abs=0.02)
 
 
-def test_a_request_scales_the_engine_hazards_by_its_own_acceptance():
-    runs = AcceptedRuns(5, 0.98)
-    for _ in range(50):
-        runs.record(4, 1)
-    engine = runs.tokens_and_hits([0.5], 0.5, 4)
-    sure = runs.tokens_and_hits([1.0], 0.5, 4)
-    assert sure.tokens == [1.0, 2.0, 3.0, 4.0, 5.0] and sure.all_hit == [1.0] * 5
-    assert runs.tokens_and_hits([0.5], 0.5, 4) == engine
-    better, worse = runs.tokens_and_hits([0.8], 0.5, 4), runs.tokens_and_hits([0.2], 0.5, 4)
-    for k in range(1, 5):
-        assert worse.tokens[k] < engine.tokens[k] < better.tokens[k] < k + 1
-        assert worse.all_hit[k] < engine.all_hit[k] < better.all_hit[k]
+def test_a_request_s_own_runs_take_over_from_the_engine_s():
+    engine = [0.5, 0.0, 0.0, 0.0, 0.0]  # rejected at once or accepted whole
+    request = AcceptedRuns(5, 0.98)
+    assert request.hazards(engine) == engine  # no verdicts: the engine's
+    for _ in range(30):
+        request.record(4, 1)  # always the second draft rejected
+    hazards = request.hazards(engine)
+    assert hazards[0] < 0.1 and hazards[1] > 0.85 and hazards[2:] == engine[2:]
+    assert 2.0 < tokens_and_hits([hazards], 4).tokens[4] < 2.5  # ~2 accepted drafts
 
 
 def test_old_verdicts_fade():
@@ -85,7 +83,7 @@ def test_old_verdicts_fade():
     for _ in range(200):
         runs.record(2, 0)
     # ~10 verdicts' weight (1 / (1 - decay)) against the prior's 4 at 0.5
-    assert runs.hazards(0.5)[0] == pytest.approx((10 + 2) / 14, abs=0.01)
+    assert runs.hazards([0.5] * 3)[0] == pytest.approx((10 + 2) / 14, abs=0.01)
     for _ in range(3000):  # many rescalings of the growing weights
         runs.record(2, 2)
-    assert runs.hazards(0.5)[0] == pytest.approx(2 / 14, abs=0.01)
+    assert runs.hazards([0.5] * 3)[0] == pytest.approx(2 / 14, abs=0.01)

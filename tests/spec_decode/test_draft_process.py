@@ -91,7 +91,7 @@ def test_the_controller_hears_whether_drafts_made_ahead_were_used(reference, spe
     right), and outputs stay plain decoding's."""
     heard = []
     monkeypatch.setattr(GoodputController, "record_ahead",
-                        lambda self, k, used: heard.append((k, used)))
+                        lambda self, req_id, k, used: heard.append((k, used)))
     engine = spec_engine(spec_target, spec_target, speculative_draft_ahead="on",
                          speculative_adaptive="on")
     from_ahead = []

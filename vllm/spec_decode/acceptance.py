@@ -1,23 +1,27 @@
 """How far a verification's drafts are accepted, as the goodput controller estimates it.
 
-Acceptance: a request's (or the engine's) decayed verdict counts, read as one rate a (each
-judged draft accepted with probability a until the first rejection, the geometric model).
+Acceptance: the engine's decayed verdict counts, read as one rate a (each judged draft
+accepted with probability a until the first rejection, the geometric model).
 
-AcceptedRuns: the engine's run of accepted drafts counted from a verification's first draft, as
-a hazard per position m (the chance that draft m is rejected when drafts 1..m-1 were accepted).
+AcceptedRuns: the engine's (or a request's) run of accepted drafts counted from a
+verification's first draft, as a hazard per position m (the chance that draft m is rejected
+when drafts 1..m-1 were accepted).
 Drafts agree with the target in runs (a boilerplate stretch is accepted draft after draft, a
 turn of phrase rejected at once), so long runs are more frequent than a^m says: the chance that
 a proposal of k drafts is accepted whole and that the target's bonus token is the draft's next
 guess (when drafting ahead pays) is the run reaching k + 1, and the geometric model prices it
-low at large k. Measured on the H200 (trained 7B pair, batch 1): drafting ahead added 20% at
-k = 8 where a^9 at the fitted a foresaw about 11%.
+low at large k. (Measured on the H200, trained 7B pair, batch 1: drafting ahead added 20% at
+k = 8 as at k = 4, where the geometric model has its use fall as a^(k+1).)
 
 A verification of k drafts that accepted n tells positions 1..n survived and, if n < k, that
 n + 1 failed (beyond: censored, as in a Kaplan-Meier estimate); drafting ahead tells position
-k + 1 of a verification accepted whole. Each hazard has the geometric one, 1 - a, as its prior,
-so a position seldom reached reads as the geometric model; a request of acceptance a_r scales
-every hazard by (1 - a_r) / (1 - a) (proportional hazards): a request whose drafts are always
-accepted has none."""
+k + 1 of a verification accepted whole. The engine's hazards have the geometric one, 1 - a, as
+their prior (a position seldom reached reads as the geometric model); each request keeps its
+own, with the engine's as their prior, so a request's own verdicts take over as they come.
+(Scaling the engine's hazards by a request's geometric acceptance instead, proportional
+hazards, was measured on the H200 to fail: where the engine's runs were either rejected at once
+or accepted whole, a request below the engine's rate had its first hazard scaled past 1, was
+modelled to accept nothing, and decoded plainly or with one draft for hundreds of steps.)"""
 from dataclasses import dataclass
 from typing import Optional
 
@@ -91,47 +95,45 @@ class AcceptedRuns:
             self._weight = 1.0
         return self._weight
 
-    def hazards(self, acceptance: float) -> list[float]:
+    def hazards(self, prior: list[float]) -> list[float]:
         """Per position m = 1..max_len: the chance that draft m is rejected when the ones
-        before were accepted, with 1 - acceptance (the engine's geometric estimate) as prior."""
-        prior = self._weight * HAZARD_PRIOR_WEIGHT  # in the latest observation's units
-        base = 1.0 - acceptance
-        return [(self.rejected[m] + prior * base) / (self.reached[m] + prior)
-                for m in range(1, self.max_len + 1)]
+        before were accepted; prior: per position, what an unobserved one reads (the engine's
+        hazards for a request's; the geometric 1 - a for the engine's), weighing as much as
+        HAZARD_PRIOR_WEIGHT observations."""
+        w = self._weight * HAZARD_PRIOR_WEIGHT  # in the latest observation's units
+        return [(self.rejected[m] + w * p) / (self.reached[m] + w)
+                for m, p in enumerate(prior, start=1)]
 
-    def tokens_and_hits(self, alphas: list[float], acceptance: float, max_k: int,
-                        can_hit: Optional[list[bool]] = None) -> "RunOdds":
-        """For k = 0..max_k (< max_len): the tokens one verification of k drafts per request
-        emits and the chance that a request's run of accepted drafts reaches k + 1 (its k
-        drafts accepted and its bonus token the draft's next guess: drafts made ahead are
-        used), see RunOdds. alphas: the requests' geometric estimates, acceptance: the
-        engine's; a request's hazards are the engine's times (1 - a_r) / (1 - acceptance).
-        can_hit: per request, whether drafts are made ahead for it at all (greedy requests
-        only; default all)."""
-        h = self.hazards(acceptance)[:max_k + 1]
-        base = max(1.0 - acceptance, 1e-6)
-        mask = [True] * len(alphas) if can_hit is None else can_hit
-        if len(alphas) > 4:  # numpy's calls cost more than the arithmetic of a few requests
-            scale = (1.0 - np.asarray(alphas, dtype=np.float64)) / base
-            reach = np.cumprod(1.0 - np.minimum(1.0, scale[:, None] * np.asarray(h)[None, :]),
-                               axis=1)  # [request, m - 1]: the run reaches m = 1..max_k + 1
-            tokens = len(alphas) + np.cumsum(reach[:, :max_k].sum(axis=0))
-            reach *= np.asarray(mask, dtype=np.float64)[:, None]
-            return RunOdds([float(len(alphas))] + tokens.tolist(),
-                           reach.prod(axis=0).tolist(), reach.sum(axis=0).tolist())
-        tokens = [float(len(alphas))] + [0.0] * max_k
-        all_hit, hits = [1.0] * (max_k + 1), [0.0] * (max_k + 1)
-        for a, hit_able in zip(alphas, mask):
-            scale, reach = (1.0 - a) / base, 1.0
-            for m, hazard in enumerate(h, start=1):  # reach: the run reaches m
-                reach *= 1.0 - min(1.0, scale * hazard)
-                if m <= max_k:
-                    tokens[m] += reach
-                all_hit[m - 1] *= reach if hit_able else 0.0
-                hits[m - 1] += reach if hit_able else 0.0
-        for k in range(1, max_k + 1):
-            tokens[k] += tokens[k - 1]
-        return RunOdds(tokens, all_hit, hits)
+
+def tokens_and_hits(hazards: list[list[float]], max_k: int,
+                    can_hit: Optional[list[bool]] = None) -> "RunOdds":
+    """From each request's hazards (positions 1..max_k + 1 at least), for k = 0..max_k: the
+    tokens one verification of k drafts per request emits and the chances that drafts made
+    ahead are used (a request's run of accepted drafts reaches k + 1: its k drafts accepted and
+    its bonus token the draft's next guess), see RunOdds. can_hit: per request, whether drafts
+    are made ahead for it at all (greedy requests only; default all)."""
+    n = len(hazards)
+    mask = [True] * n if can_hit is None else can_hit
+    if n > 4:  # numpy's calls cost more than the arithmetic of a few requests
+        h = np.asarray([row[:max_k + 1] for row in hazards], dtype=np.float64)
+        reach = np.cumprod(1.0 - np.clip(h, 0.0, 1.0), axis=1)  # the run reaches 1..max_k + 1
+        tokens = n + np.cumsum(reach[:, :max_k].sum(axis=0))
+        reach *= np.asarray(mask, dtype=np.float64)[:, None]
+        return RunOdds([float(n)] + tokens.tolist(), reach.prod(axis=0).tolist(),
+                       reach.sum(axis=0).tolist())
+    tokens = [float(n)] + [0.0] * max_k
+    all_hit, hits = [1.0] * (max_k + 1), [0.0] * (max_k + 1)
+    for row, hit_able in zip(hazards, mask):
+        reach = 1.0
+        for m, hazard in enumerate(row[:max_k + 1], start=1):  # reach: the run reaches m
+            reach *= 1.0 - min(1.0, max(0.0, hazard))
+            if m <= max_k:
+                tokens[m] += reach
+            all_hit[m - 1] *= reach if hit_able else 0.0
+            hits[m - 1] += reach if hit_able else 0.0
+    for k in range(1, max_k + 1):
+        tokens[k] += tokens[k - 1]
+    return RunOdds(tokens, all_hit, hits)
 
 
 @dataclass

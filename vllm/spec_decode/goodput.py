@@ -13,11 +13,11 @@ the step, by its token count) are learnt online (CostCurve), t_first and t_draft
 drafter's own timing of its forwards (measured on the H200: a one-draft proposal from the draft
 process cost 3.6 ms against 0.7 ms per later forward, so a cost per forward alone priced small
 k too cheap and large k too dear). E_r(k), the tokens a verification of request r's k drafts
-emits, is 1 + the chance its run of accepted drafts reaches 1, 2, .., k (acceptance.py: the
-engine's runs, per position, scaled to r's acceptance a_r, which is estimated from its verdicts
-with the engine-wide estimate as its prior; with few verdicts, 1 + a_r + .. + a_r^k). One k for
-the whole batch: the verification's CUDA graphs are keyed by (batch, tokens per sequence), so
-every decoding request drafts the same k.
+emits, is 1 + the chance its run of accepted drafts reaches 1, 2, .., k (acceptance.py: r's own
+runs, per position, with the engine's as their prior, and the engine's with the geometric model
+at the engine's acceptance a as theirs; with few verdicts, 1 + a + .. + a^k). One k for the
+whole batch: the verification's CUDA graphs are keyed by (batch, tokens per sequence), so every
+decoding request drafts the same k.
 
 Drafting ahead (`draft_ahead_overlaps`: the draft on another device than the target) is weighed
 per k: the drafter drafts k + 1 past its proposal while the target verifies, and the next
@@ -61,7 +61,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
-from vllm.spec_decode.acceptance import Acceptance, AcceptedRuns, RunOdds
+from vllm.spec_decode.acceptance import Acceptance, AcceptedRuns, RunOdds, tokens_and_hits
 from vllm.spec_decode.realized import RealizedGoodput
 
 
@@ -80,7 +80,8 @@ FEED_NEAR = 0.9
 # estimates are the model's before the step's own measurements)
 TRACE_STEPS = 4096
 TRACE_FIELDS = ("k", "requests", "propose_s", "step_s", "drafter_s", "first_forward_s",
-                "catch_up_tokens", "measured", "t_draft_s", "t_first_s")
+                "catch_up_tokens", "measured", "t_draft_s", "t_first_s", "draft_ahead",
+                "modelled_speedup", "acceptance", "ahead_hit", "queued_s")
 
 
 class CostCurve:
@@ -225,10 +226,10 @@ class GoodputController:
         # how far runs of accepted drafts reach, positions 1..max_k + 1 (the last: a guess
         # made ahead after k accepted drafts)
         self.runs = AcceptedRuns(max_k + 1, decay)
+        self.request_runs: dict[str, AcceptedRuns] = {}  # each request's own
         # requests whose drafts were all accepted in a step that drafted ahead, and of those
-        # the ones whose next proposal used the drafts made ahead (record_ahead)
+        # the ones whose bonus token was the draft's guess (record_ahead)
         self.num_ahead_heard = self.num_ahead_used = 0
-        self.requests: dict[str, Acceptance] = {}
         self.probe_credit = 0.0  # seconds the probes may still spend
         # a probe after plain steps makes the draft catch up on every token it has not seen:
         # its seconds per such token (the median of the last probes), so that a probe's cost
@@ -265,20 +266,9 @@ class GoodputController:
 
     # estimates
 
-    def acceptance(self, req_id: Optional[str] = None) -> float:
-        return self.acceptances([req_id])[0] if req_id is not None else (
-            self.engine_acceptance.estimate(self.prior_acceptance, self.prior_weight))
-
-    def acceptances(self, req_ids: list[str]) -> list[float]:
-        """Each request's acceptance estimate (the engine's as its prior)."""
-        engine = self.engine_acceptance.estimate(self.prior_acceptance, self.prior_weight)
-        w, get = self.prior_weight, self.requests.get
-        out = []
-        for req_id in req_ids:
-            r = get(req_id)
-            out.append(engine if r is None else
-                       (r.accepted + w * engine) / (r.accepted + r.rejections + w))
-        return out
+    def acceptance(self) -> float:
+        """The engine's acceptance: the chance a judged draft is accepted (geometric fit)."""
+        return self.engine_acceptance.estimate(self.prior_acceptance, self.prior_weight)
 
     def propose_seconds(self, k: int, batch: int) -> float:
         """Modelled seconds of a proposal of k drafts for batch requests: t_first plus k - 1
@@ -346,16 +336,26 @@ class GoodputController:
             out.append(seconds[k] - propose + min(wait, propose) + stall)
         return out
 
-    def split_goodput(self, k: int, alphas: list[float],
-                      tokens: Optional[list[float]] = None) -> Optional[float]:
-        """Tokens per second of split steps: each emits the tokens of half the batch.
-        tokens: the summed tokens per verification by k (_choose's), when the caller has it."""
-        t = self.split_step_seconds(k, len(alphas))
+    def split_goodput(self, k: int, batch: int, tokens: list[float]) -> Optional[float]:
+        """Tokens per second of split steps over batch requests: each emits the tokens of half
+        the batch. tokens: the summed tokens per verification by k (run_odds)."""
+        t = self.split_step_seconds(k, batch)
         if t is None:
             return None
-        tokens = tokens or self.runs.tokens_and_hits(alphas, self.acceptance(), k)[0]
-        half = len(alphas) - len(alphas) // 2
-        return tokens[k] / len(alphas) * half / t
+        half = batch - batch // 2
+        return tokens[k] / batch * half / t
+
+    def run_odds(self, req_ids: list[str]) -> RunOdds:
+        """The tokens a verification of each k emits over req_ids and the chances that drafts
+        made ahead are used (acceptance.py): each request's runs, the engine's as their prior,
+        whose prior is the engine's geometric acceptance."""
+        engine = self.runs.hazards([1.0 - self.acceptance()] * self.runs.max_len)
+        get = self.request_runs.get
+        hazards = []
+        for req_id in req_ids:
+            runs = get(req_id)
+            hazards.append(engine if runs is None else runs.hazards(engine))
+        return tokens_and_hits(hazards, self.max_k, self._can_hit)
 
     # decisions
 
@@ -378,7 +378,7 @@ class GoodputController:
                 decision = self._probe_or_plain(len(req_ids))
             else:
                 self._plain_steps_left = 0
-                decision = self._choose(self.acceptances(req_ids))
+                decision = self._choose(req_ids)
                 if self._plain_steps_left:
                     self._plain_key = (tuple(req_ids), self._changes)
             if decision.k > 0 and not decision.probe and not self._realized_allows(req_ids):
@@ -395,12 +395,12 @@ class GoodputController:
         plain_s = self.t_verify.estimate(len(req_ids))
         return self.realized.allows(req_ids, len(req_ids) / plain_s if plain_s else None)
 
-    def _choose(self, alphas: list[float]) -> Decision:
-        batch = self.last_batch = len(alphas)
+    def _choose(self, req_ids: list[str]) -> Decision:
+        batch = self.last_batch = len(req_ids)
         seconds = self.step_seconds_by_k(batch)
         if seconds is None:
             return Decision(0)  # measure a plain step first: it costs nothing extra
-        odds = self.runs.tokens_and_hits(alphas, self.acceptance(), self.max_k, self._can_hit)
+        odds = self.run_odds(req_ids)
         tokens = odds.tokens
         rates = [n / t for n, t in zip(tokens, seconds)]
         ahead = [False] * len(rates)
@@ -412,7 +412,7 @@ class GoodputController:
         plain = rates[0]
         self.best_spec_ratio = max(rates[1:], default=0.0) / plain
         k = max(range(len(rates)), key=lambda i: (rates[i], -i))
-        split = self._best_split(alphas, tokens)
+        split = self._best_split(batch, tokens)
         if split is not None and split[1] > rates[k] * (1 + SPLIT_MARGIN):
             return Decision(split[0], False, False, split[1] / plain, split=True)
         if k > 0:
@@ -459,15 +459,14 @@ class GoodputController:
         seconds = self.step_seconds_by_k(batch)
         return 0.0 if seconds is None else seconds[1] - seconds[0]
 
-    def _best_split(self, alphas: list[float],
-                    tokens: list[float]) -> Optional[tuple[int, float]]:
+    def _best_split(self, batch: int, tokens: list[float]) -> Optional[tuple[int, float]]:
         """(k, modelled tokens/s) of the best split step, or None when splitting is not an
         option (fewer than 2 decoding requests, no draft process) or not modelled yet."""
-        if not self.can_split or len(alphas) < 2:
+        if not self.can_split or batch < 2:
             return None
         best = None
         for k in range(1, self.max_k + 1):
-            rate = self.split_goodput(k, alphas, tokens)
+            rate = self.split_goodput(k, batch, tokens)
             if rate is not None and (best is None or rate > best[1]):
                 best = (k, rate)
         return best
@@ -502,7 +501,8 @@ class GoodputController:
         self.trace.append((decision.k, num_decoding, draft_s, step_s, drafter_s,
                            first_forward_s, self.catch_up_tokens, bool(draft_measured),
                            self.t_draft.estimate(num_decoding),
-                           self.t_first.estimate(num_decoding)))
+                           self.t_first.estimate(num_decoding), decision.draft_ahead,
+                           decision.modelled_speedup, self.acceptance(), ahead_hit, queued_s))
         if decision.probe:
             plain = self.t_verify.estimate(num_decoding)
             if plain is not None:
@@ -561,20 +561,25 @@ class GoodputController:
             return
         self._changes += 1
         self.runs.record(num_drafts, num_accepted)
+        runs = self.request_runs.get(req_id)
+        if runs is None:
+            runs = self.request_runs[req_id] = AcceptedRuns(self.max_k + 1, self.decay)
+        runs.record(num_drafts, num_accepted)
         self.engine_acceptance.record(num_drafts, num_accepted, self.decay)
-        self.requests.setdefault(req_id, Acceptance()).record(num_drafts, num_accepted,
-                                                               self.decay)
 
-    def record_ahead(self, k: int, used: bool) -> None:
-        """A request's k drafts were all accepted in a step that drafted ahead: the drafts made
-        ahead were used at its next proposal (its bonus token was the draft's guess) or not."""
+    def record_ahead(self, req_id: str, k: int, used: bool) -> None:
+        """req_id's k drafts were all accepted in a step that drafted ahead: its bonus token
+        was the draft's guess (the drafts made ahead were usable) or not."""
         self._changes += 1
         self.num_ahead_heard += 1
         self.num_ahead_used += used
         self.runs.record_position(k + 1, used)
+        runs = self.request_runs.get(req_id)
+        if runs is not None:
+            runs.record_position(k + 1, used)
 
     def free(self, req_id: str) -> None:
-        self.requests.pop(req_id, None)
+        self.request_runs.pop(req_id, None)
         self._changes += 1
 
     def as_dict(self) -> dict:

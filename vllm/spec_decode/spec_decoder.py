@@ -289,7 +289,7 @@ class SpecDecoder:
         for i, req_id in enumerate(req_ids):
             k = self._ahead_pending.pop(req_id, None)
             if k is not None:
-                self.controller.record_ahead(k, i in used)
+                self.controller.record_ahead(req_id, k, i in used)
 
     def _send_resting(self) -> None:
         """A split step: the resting requests are drafted while the target verifies."""

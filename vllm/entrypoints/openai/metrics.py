@@ -95,8 +95,9 @@ class _EngineCollector(Collector):
                               "plain where speculation measured slower than plain decoding"),
                              ("controller_num_measuring_plain", "steps the realized-goodput "
                               "guard kept plain to measure plain decoding"),
-                             ("controller_num_ahead_used", "requests whose drafts made ahead "
-                              "were used (all drafts accepted, the bonus token guessed)"),
+                             ("controller_num_ahead_used", "requests whose drafts were all "
+                              "accepted in a step that drafted ahead and whose bonus token "
+                              "was the draft's guess (the drafts made ahead were usable)"),
                              ("controller_num_ahead_missed", "requests whose drafts were all "
                               "accepted in a step that drafted ahead, but the bonus token was "
                               "not the draft's guess")):
