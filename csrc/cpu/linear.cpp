@@ -4,6 +4,8 @@
 // bytes; one parallel region gives each thread a contiguous block of weight rows.
 #include "cpu/linear.h"
 
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/checks.h"
@@ -144,13 +146,65 @@ VLLM_BF16_TARGET void row_all_bf16(c10::BFloat16* out, int64_t ldo, const c10::B
   }
 }
 
+// One input row against weight rows na and nb, read side by side: two address-order streams
+// (each as row_bf16 reads one), the input's loads shared.
+VLLM_BF16_TARGET inline void row_pair_bf16(c10::BFloat16* out, const c10::BFloat16* x,
+                                           const c10::BFloat16* w, const c10::BFloat16* bias,
+                                           int64_t k_dim, int64_t na, int64_t nb) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+  const c10::BFloat16* wa = w + na * k_dim;
+  const c10::BFloat16* wb = w + nb * k_dim;
+  int64_t k = 0;
+  for (; k + 64 <= k_dim; k += 64) {
+    const __m512bh x0 = (__m512bh)_mm512_loadu_si512(x + k);
+    const __m512bh x1 = (__m512bh)_mm512_loadu_si512(x + k + 32);
+    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(wa + k), x0);
+    b0 = _mm512_dpbf16_ps(b0, (__m512bh)_mm512_loadu_si512(wb + k), x0);
+    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(wa + k + 32), x1);
+    b1 = _mm512_dpbf16_ps(b1, (__m512bh)_mm512_loadu_si512(wb + k + 32), x1);
+  }
+  for (; k < k_dim; k += 32) {
+    const __mmask32 mask =
+        k + 32 <= k_dim ? ~__mmask32(0) : (__mmask32(1) << (k_dim - k)) - 1;
+    const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + k);
+    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(mask, wa + k), xv);
+    b0 = _mm512_dpbf16_ps(b0, (__m512bh)_mm512_maskz_loadu_epi16(mask, wb + k), xv);
+  }
+  float sa = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  float sb = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));
+  if (bias != nullptr) {
+    sa += static_cast<float>(bias[na]);
+    sb += static_cast<float>(bias[nb]);
+  }
+  out[na] = static_cast<c10::BFloat16>(sa);
+  out[nb] = static_cast<c10::BFloat16>(sb);
+}
+
+// VLLM_CPU_GEMV_STREAMS (read at every call): 2 (default) reads a one-row GEMV's block of
+// weight rows as two streams, its two halves side by side; 1 as one.
+int gemv_streams() {
+  const char* v = std::getenv("VLLM_CPU_GEMV_STREAMS");
+  if (v == nullptr || std::string(v) == "2") return 2;
+  TORCH_CHECK(std::string(v) == "1", "VLLM_CPU_GEMV_STREAMS must be 1 or 2, got '", v, "'");
+  return 1;
+}
+
 void linear_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_t ldx,
                  const c10::BFloat16* w, const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim,
                  int64_t k_dim) {
   // contiguous blocks of weight rows per thread, at least ~32 KB each
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2));
+  const bool pairs = m_dim == 1 && gemv_streams() == 2;
   at::parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) row_all_bf16(out, ldo, x, ldx, w, bias, m_dim, k_dim, n);
+    int64_t n = begin;
+    if (pairs) {
+      const int64_t half = (end - begin) / 2;
+      for (int64_t i = 0; i < half; ++i) {
+        row_pair_bf16(out, x, w, bias, k_dim, begin + i, begin + half + i);
+      }
+      n = begin + 2 * half;
+    }
+    for (; n < end; ++n) row_all_bf16(out, ldo, x, ldx, w, bias, m_dim, k_dim, n);
   });
 }
 

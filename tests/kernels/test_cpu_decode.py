@@ -48,6 +48,39 @@ def test_linear_small_strided_rows(dtype, m):
     assert out_buf[:, :10].isnan().all() and out_buf[:, 80:].isnan().all()
 
 
+@pytest.mark.parametrize("streams", ["1", "2"])
+@pytest.mark.parametrize("n", [1, 2, 57, 2048])
+def test_linear_small_one_row_in_one_or_two_streams(streams, n, monkeypatch):
+    """A one-row bf16 GEMV reads each thread's weight rows as one stream or as its two halves
+    side by side (VLLM_CPU_GEMV_STREAMS, read at every call): the same sums either way, odd
+    row counts and a bias included."""
+    monkeypatch.setenv("VLLM_CPU_GEMV_STREAMS", streams)
+    torch.manual_seed(n)
+    x, w = torch.randn(1, 576, dtype=torch.bfloat16), torch.randn(n, 576, dtype=torch.bfloat16)
+    b = torch.randn(n, dtype=torch.bfloat16)
+    out = torch.full((1, n), float("nan"), dtype=torch.bfloat16)
+    ops.linear_small(out, x, w / 24, b)
+    assert_close("linear_small streams", out.float(),
+                 F.linear(x.float(), (w / 24).float(), b.float()), torch.bfloat16)
+
+
+def _has_bf16_dot() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "avx512_bf16" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_bf16_dot(), reason="the setting is read by the AVX512_BF16 GEMV")
+def test_linear_small_streams_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_GEMV_STREAMS", "3")
+    with pytest.raises(RuntimeError, match="VLLM_CPU_GEMV_STREAMS must be 1 or 2"):
+        ops.linear_small(torch.empty(1, 4, dtype=torch.bfloat16),
+                         torch.randn(1, 8, dtype=torch.bfloat16),
+                         torch.randn(4, 8, dtype=torch.bfloat16), None)
+
+
 def test_linear_small_rejects_bad_shapes():
     with pytest.raises(RuntimeError, match="features"):
         ops.linear_small(torch.empty(2, 4), torch.randn(2, 8), torch.randn(4, 7), None)
