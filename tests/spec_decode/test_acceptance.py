@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from vllm.spec_decode.acceptance import AcceptedRuns, expected_tokens, tokens_and_hits
+from vllm.spec_decode.acceptance import (AcceptedRuns, expected_tokens, hazards_of,
+                                         tokens_and_hits)
 
 
 @pytest.mark.parametrize("alphas", [[0.7], [0.2, 0.9], [0.0, 0.3, 0.75, 1.0],
@@ -87,3 +88,22 @@ def test_old_verdicts_fade():
     for _ in range(3000):  # many rescalings of the growing weights
         runs.record(2, 2)
     assert runs.hazards([0.5] * 3)[0] == pytest.approx(2 / 14, abs=0.01)
+
+
+def test_many_requests_stacked_read_as_each_one():
+    """hazards_of (one array for a decision over many requests) equals each request's own
+    hazards, a request without verdicts reading the prior."""
+    rng = random.Random(1)
+    runs = []
+    for i in range(6):
+        r = AcceptedRuns(5, 0.98)
+        for _ in range(i * 7):
+            k = rng.choice([2, 4])
+            r.record(k, rng.randint(0, k))
+        runs.append(r if i else None)
+    prior = [0.3, 0.2, 0.25, 0.1, 0.4]
+    stacked = hazards_of(runs, prior)
+    for row, r in zip(stacked.tolist(), runs):
+        assert row == pytest.approx(prior if r is None else r.hazards(prior))
+    assert tokens_and_hits(stacked, 4).tokens == pytest.approx(
+        tokens_and_hits([prior if r is None else r.hazards(prior) for r in runs], 4).tokens)
