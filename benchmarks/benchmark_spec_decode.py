@@ -310,8 +310,8 @@ def print_report(result: dict) -> None:
             print(f"{r['proposer']:<18}{r['k']:>3}  {phases_line(e)}{busy}" + (
                       f"; k chosen {r['controller']['k_histogram']}, guard vetoed "
                       f"{r['controller']['controller_num_vetoed']} measuring plain "
-                      f"{r['controller']['controller_num_measuring_plain']}, drafts made ahead "
-                      f"used {r['controller']['controller_num_ahead_used']} missed "
+                      f"{r['controller']['controller_num_measuring_plain']}, guesses ahead "
+                      f"right {r['controller']['controller_num_ahead_used']} wrong "
                       f"{r['controller']['controller_num_ahead_missed']}"
                       if "controller" in r else ""))
             for line in trace_lines(r.get("controller", {}).get("trace", [])):

@@ -334,7 +334,7 @@ def print_summary(rows: list[dict]) -> None:
               f"{spec.get('controller_num_split_steps', 0):.0f}, probes "
               f"{spec.get('controller_num_probes', 0):.0f}, vetoed "
               f"{spec.get('controller_num_vetoed', 0):.0f}, measuring plain "
-              f"{spec.get('controller_num_measuring_plain', 0):.0f}, ahead used / missed "
+              f"{spec.get('controller_num_measuring_plain', 0):.0f}, guesses ahead right / wrong "
               f"{spec.get('controller_num_ahead_used', 0):.0f} / "
               f"{spec.get('controller_num_ahead_missed', 0):.0f}; verified "
               f"{spec.get('num_emitted_tokens', 0):.0f} of {total:.0f} tokens")

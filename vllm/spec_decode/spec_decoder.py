@@ -64,7 +64,7 @@ class SpecDecoder:
         self._num_from_ahead = 0
         self._num_proposed = 0
         # req_id -> k: requests whose k drafts were all accepted in the last step, which drafted
-        # ahead; their next proposal tells whether the drafts made ahead were used
+        # ahead; their next proposal tells whether the drafter had guessed the bonus token
         self._ahead_pending: dict[str, int] = {}
         # the last step, for the controller's realized goodput once the next one starts:
         # (its controller, decoding requests, speculated, tokens emitted, its start)
