@@ -202,8 +202,6 @@ def test_a_request_gone_plain_is_probed_again_however_long_its_history():
         d = ctrl.decide(["r0"], seeded=False, catch_up_tokens=step)
         if d.probe:
             probes_at.append(step)
-            ctrl.record_step(d, 1, 2, 0.7e-3 + 1.2e-5 * step, 5.7e-3 + 1.2e-5 * step, True)
-            ctrl.record_verdict("r0", 1, 0)
             break
         ctrl.record_step(d, 1, 1, 0.0, 5e-3, False)
     assert probes_at and probes_at[0] < 60
