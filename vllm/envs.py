@@ -46,10 +46,11 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                              "CPU steps of at most 32 rows: fused (one decode_layers call per "
                              "step) or native (one op per layer piece, the reference)"),
     "VLLM_CPU_GEMV_STREAMS": (_one_of("1", "2"), "2",
-                              "the CPU GEMV of one row in bf16 (read by the kernel at each "
+                              "the CPU GEMV of 1 or 2 rows in bf16 (read by the kernel at each "
                               "call): 2 reads each thread's weight rows as its two halves side "
                               "by side, 1 as one stream (2-core Zen 4, SmolLM2-135M forward: "
-                              "5% faster at 2 threads, 12% at 1, paired runs)"),
+                              "5% faster at 2 threads, 12% at 1; the GEMV at 2 rows 11-28% "
+                              "faster; paired runs)"),
     "VLLM_CUDA_GEMV": (_gemv_rows, 2,
                        "CUDA linear layers and logits of few rows use vllm._C's linear_small "
                        "GEMV instead of torch's GEMM: off, on (steps of up to 8 rows) or the "

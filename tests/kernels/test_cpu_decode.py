@@ -49,16 +49,17 @@ def test_linear_small_strided_rows(dtype, m):
 
 
 @pytest.mark.parametrize("streams", ["1", "2"])
-@pytest.mark.parametrize("n", [1, 2, 57, 2048])
-def test_linear_small_one_row_in_one_or_two_streams(streams, n, monkeypatch):
-    """A one-row bf16 GEMV reads each thread's weight rows as one stream or as its two halves
-    side by side (VLLM_CPU_GEMV_STREAMS, read at every call): the same sums either way, odd
-    row counts and a bias included."""
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("n,k", [(1, 576), (2, 100), (57, 576), (2048, 576)])
+def test_linear_small_few_rows_in_one_or_two_streams(streams, m, n, k, monkeypatch):
+    """A bf16 GEMV of 1 or 2 input rows reads each thread's weight rows as one stream or as its
+    two halves side by side (VLLM_CPU_GEMV_STREAMS, read at every call): the same sums either
+    way, odd weight row counts, a column tail and a bias included."""
     monkeypatch.setenv("VLLM_CPU_GEMV_STREAMS", streams)
-    torch.manual_seed(n)
-    x, w = torch.randn(1, 576, dtype=torch.bfloat16), torch.randn(n, 576, dtype=torch.bfloat16)
+    torch.manual_seed(n + m)
+    x, w = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16)
     b = torch.randn(n, dtype=torch.bfloat16)
-    out = torch.full((1, n), float("nan"), dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
     ops.linear_small(out, x, w / 24, b)
     assert_close("linear_small streams", out.float(),
                  F.linear(x.float(), (w / 24).float(), b.float()), torch.bfloat16)
