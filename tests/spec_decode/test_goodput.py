@@ -251,7 +251,7 @@ def test_a_run_of_plain_steps_remakes_the_full_choice_only_now_and_then(monkeypa
     simulate(ctrl, 0.0, gpu_like, lambda b: 8e-3, steps=300, fed=True)
     calls = []
     choose = ctrl._choose
-    monkeypatch.setattr(ctrl, "_choose", lambda alphas: calls.append(1) or choose(alphas))
+    monkeypatch.setattr(ctrl, "_choose", lambda *args: calls.append(1) or choose(*args))
     ids = ["r0"]
     ctrl.probe_credit = 0.0
     for _ in range(64):

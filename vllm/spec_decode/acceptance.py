@@ -95,12 +95,18 @@ class AcceptedRuns:
             self._weight = 1.0
         return self._weight
 
+    @property
+    def prior_weight(self) -> float:
+        """A hazard's prior's weight in the counts' units (HAZARD_PRIOR_WEIGHT latest
+        observations)."""
+        return self._weight * HAZARD_PRIOR_WEIGHT
+
     def hazards(self, prior: list[float]) -> list[float]:
         """Per position m = 1..max_len: the chance that draft m is rejected when the ones
         before were accepted; prior: per position, what an unobserved one reads (the engine's
         hazards for a request's; the geometric 1 - a for the engine's), weighing as much as
         HAZARD_PRIOR_WEIGHT observations."""
-        w = self._weight * HAZARD_PRIOR_WEIGHT  # in the latest observation's units
+        w = self.prior_weight
         return [(self.rejected[m] + w * p) / (self.reached[m] + w)
                 for m, p in enumerate(prior, start=1)]
 
@@ -115,7 +121,7 @@ def hazards_of(runs: list[Optional[AcceptedRuns]], prior: list[float]) -> np.nda
     for r in runs:  # flat lists, one array each (a row at a time costs 10x)
         reached += zeros if r is None else r.reached[1:width + 1]
         rejected += zeros if r is None else r.rejected[1:width + 1]
-        weight.append(1.0 if r is None else r._weight * HAZARD_PRIOR_WEIGHT)
+        weight.append(1.0 if r is None else r.prior_weight)
     w = np.array(weight)[:, None]
     p = np.asarray(prior, dtype=np.float64)[None, :]
     return ((np.array(rejected).reshape(n, width) + w * p)

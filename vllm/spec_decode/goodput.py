@@ -263,7 +263,6 @@ class GoodputController:
         # not at all (None: a probe, a seeded step, no decoding request)
         self.realized = RealizedGoodput()
         self.arm: Optional[tuple[int, bool]] = None
-        self._can_hit: Optional[list[bool]] = None  # this decision's (see decide)
 
     # estimates
 
@@ -346,7 +345,7 @@ class GoodputController:
         half = batch - batch // 2
         return tokens[k] / batch * half / t
 
-    def run_odds(self, req_ids: list[str]) -> RunOdds:
+    def run_odds(self, req_ids: list[str], can_hit: Optional[list[bool]] = None) -> RunOdds:
         """The tokens a verification of each k emits over req_ids and the chances that drafts
         made ahead are used (acceptance.py): each request's runs, the engine's as their prior,
         whose prior is the engine's geometric acceptance."""
@@ -359,7 +358,7 @@ class GoodputController:
             for req_id in req_ids:
                 runs = get(req_id)
                 hazards.append(engine if runs is None else runs.hazards(engine))
-        return tokens_and_hits(hazards, self.max_k, self._can_hit)
+        return tokens_and_hits(hazards, self.max_k, can_hit)
 
     # decisions
 
@@ -370,7 +369,6 @@ class GoodputController:
         can_hit: per request, whether drafts are made ahead for it (greedy requests; default
         all)."""
         self.catch_up_tokens = catch_up_tokens
-        self._can_hit = can_hit
         self.arm = None
         if seeded:  # depends on nothing timed: the configured k
             decision = Decision(self.max_k, draft_ahead=self.draft_ahead_overlaps)
@@ -382,7 +380,7 @@ class GoodputController:
                 decision = self._probe_or_plain(len(req_ids))
             else:
                 self._plain_steps_left = 0
-                decision = self._choose(req_ids)
+                decision = self._choose(req_ids, can_hit)
                 if self._plain_steps_left:
                     self._plain_key = (tuple(req_ids), self._changes)
             if decision.k > 0 and not decision.probe and not self._realized_allows(req_ids):
@@ -399,12 +397,12 @@ class GoodputController:
         plain_s = self.t_verify.estimate(len(req_ids))
         return self.realized.allows(req_ids, len(req_ids) / plain_s if plain_s else None)
 
-    def _choose(self, req_ids: list[str]) -> Decision:
+    def _choose(self, req_ids: list[str], can_hit: Optional[list[bool]]) -> Decision:
         batch = self.last_batch = len(req_ids)
         seconds = self.step_seconds_by_k(batch)
         if seconds is None:
             return Decision(0)  # measure a plain step first: it costs nothing extra
-        odds = self.run_odds(req_ids)
+        odds = self.run_odds(req_ids, can_hit)
         tokens = odds.tokens
         rates = [n / t for n, t in zip(tokens, seconds)]
         ahead = [False] * len(rates)

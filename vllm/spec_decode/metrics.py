@@ -39,8 +39,8 @@ class SpecDecodeMetrics:
 
     def as_dict(self, k: int) -> dict:
         # vars, not dataclasses.asdict: every field is a number, and asdict's deep copy cost
-        # ~40 us per request output per step (an engine step over 64 requests: ~2.5 ms on the
-        # 2-core machine)
+        # 10.3 against 1.2 us per request output per step (an engine step over 64 requests:
+        # 0.66 against 0.08 ms on the 2-core machine)
         return {**vars(self), "acceptance_rate": self.acceptance_rate,
                 "mean_accepted_length": self.mean_accepted_length,
                 "system_efficiency": self.system_efficiency(k)}

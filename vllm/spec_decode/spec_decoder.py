@@ -21,7 +21,7 @@ from vllm.logger import init_logger
 from vllm.spec_decode.goodput import Decision, GoodputController
 from vllm.spec_decode.metrics import SpecDecodeMetrics
 from vllm.spec_decode.ngram_proposer import NgramProposer
-from vllm.spec_decode.proposer import ProposalHandle, Proposer
+from vllm.spec_decode.proposer import Proposal, ProposalHandle, Proposer
 
 logger = init_logger(__name__)
 
@@ -52,17 +52,12 @@ class SpecDecoder:
         self.decision = Decision(0)
         self._step_start = 0.0
         self._draft_s = 0.0
-        # the drafter's own (seconds, first forward) of this step's waited-for proposal, and
-        # how long it waited for the drafter's drafting ahead
-        self._drafter_timing: tuple = (None, None)
-        self._queued_s = 0.0
+        # this step's waited-for proposal (its drafter's timing, its wait for drafting ahead,
+        # which of its drafts had been made ahead), None before or without one
+        self._waited: Optional[Proposal] = None
         self._drafted_last_step: set[str] = set()
         self._seen: dict[str, int] = {}  # req_id -> its tokens when last sent to the proposer
         self._draft_measured = False
-        # of this step's waited-for proposal, the requests whose drafts had been made ahead
-        # (none: it measures the draft; all: it measures the wait for drafts made ahead)
-        self._num_from_ahead = 0
-        self._num_proposed = 0
         # req_id -> k: requests whose k drafts were all accepted in the last step, which drafted
         # ahead; their next proposal tells whether the drafter had guessed the bonus token
         self._ahead_pending: dict[str, int] = {}
@@ -128,9 +123,7 @@ class SpecDecoder:
                 controller.realized.record(num_requests, speculated, tokens,
                                            self._step_start - start)
         self._draft_s = 0.0
-        self._drafter_timing = (None, None)
-        self._queued_s = 0.0
-        self._num_from_ahead = self._num_proposed = 0
+        self._waited = None
         spec = self.spec_config
         decoding = None  # worked out only where a decision needs it (never for plain engines)
         if self.proposer is None or (spec.speculative_disable_by_batch_size is not None
@@ -226,7 +219,8 @@ class SpecDecoder:
         # drafts made ahead cost no forward now: such a proposal prices no draft forward (run
         # 17 on the H200: priced at ~0 ms a forward, the controller took k = 8 at 1.41x plain
         # where k = 4 gave 1.65x)
-        self._draft_measured = bool(drafted) and fresh and not self._num_from_ahead
+        self._draft_measured = bool(drafted) and fresh and not (
+            self._waited and self._waited.num_from_ahead)
         self._drafted_last_step = drafted
         return bool(drafted)
 
@@ -273,9 +267,7 @@ class SpecDecoder:
             return {}
         self.metrics.drafter_busy_s += proposal.seconds or 0.0
         self.metrics.drafter_first_forward_s += proposal.first_forward_seconds or 0.0
-        self._drafter_timing = (proposal.seconds, proposal.first_forward_seconds)
-        self._queued_s = proposal.queued_seconds
-        self._num_from_ahead, self._num_proposed = proposal.num_from_ahead, len(reqs)
+        self._waited = proposal
         self._hear_ahead([r.req_id for r in reqs], proposal)
         return {r.req_id: (d, p) for r, d, p in zip(reqs, proposal.draft_token_ids,
                                                     proposal.draft_probs)}
@@ -406,11 +398,13 @@ class SpecDecoder:
             return  # a prompt (chunk) is in the step
         k = self.decision.k if speculated else 0
         decision = self.decision if k == self.decision.k else Decision(0)
+        w = self._waited or Proposal()
+        # drafts made ahead for every request (none drafted now): the step measures their wait
+        all_ahead = 0 < w.num_from_ahead == len(w.draft_token_ids) == len(out.requests)
         self.controller.record_step(decision, len(out.requests), out.total_num_tokens,
                                     self._draft_s, time.perf_counter() - self._step_start,
-                                    self._draft_measured, *self._drafter_timing,
-                                    ahead_hit=0 < self._num_from_ahead == self._num_proposed
-                                    == len(out.requests), queued_s=self._queued_s)
+                                    self._draft_measured, w.seconds, w.first_forward_seconds,
+                                    ahead_hit=all_ahead, queued_s=w.queued_seconds)
 
     def free(self, reqs: list[Request]) -> None:
         """Makes the proposer forget reqs (finished, or to resync from their tokens)."""
