@@ -1,16 +1,15 @@
-"""Which is faster for a small draft's decode step on this CPU, bf16, at 1-16 input rows: our
-GEMV (ops.linear_small, each weight streamed once for all rows) or torch's GEMM (F.linear: oneDNN,
-AMX tiles where the CPU has them)? One step is every matrix of the model (qkv, o, gate_up, down
-of each layer and the LM head), timed through each path, the two taking turns pass by pass in one
-process (the host's speed drifts; medians of the passes, b/a the median of the paired passes'
-ratios), against the floor of the step's weight bytes over the copy bandwidth measured with the
-same thread count. Prints the CPU's capabilities and the oneDNN kernel F.linear runs per row
-count first (brg_matmul:avx512_core_amx... where AMX is used), and each row count's ms over
-the first row count's per path. One copy of the weights (as the model runs) sits in the cache
-where it fits (draft-20m's 23 MB: under 1x floor); --copies 8 times them from memory.
-
-    python benchmarks/lab/cpu_gemm_lab.py [--shapes draft-20m,llama-68m,smollm2-135m]
-        [--threads 4,8,16] [--rows 1,2,4,8,16] [--passes 9] [--reps 5] [--copies 1] [--out J]"""
+"""Which is fastest for a small draft's decode step on this CPU, bf16, at 1-16 input rows: our
+GEMV (ops.linear_small with VLLM_CPU_AMX=0: each weight streamed once for all rows), our AMX tile
+kernel (linear_small with VLLM_CPU_AMX=all; the GEMV again where the CPU lacks AMX) or torch's
+GEMM (F.linear: oneDNN, AMX tiles where the CPU has them)? One step is every matrix of the model
+(qkv, o, gate_up, down of each layer and the LM head), timed through each path, the paths taking
+turns pass by pass in one process (the host's speed drifts; medians of the passes, and of the
+paired passes' ratios to the first path), against the floor of the step's weight bytes over the
+copy bandwidth measured with the same thread count. Prints the CPU's capabilities and the oneDNN
+kernel F.linear runs per row count first (brg_matmul:avx512_core_amx... where AMX is used), and
+each row count's ms over the first row count's per path. One copy of the weights (as the model
+runs) sits in the cache where it fits (draft-20m's 23 MB: under 1x floor); --copies 8 times them
+from memory."""
 import argparse
 import ctypes
 import os
@@ -30,7 +29,10 @@ from benchmarks.model_shapes import SHAPES  # noqa: E402
 from benchmarks.timing import copy_bandwidth_gbps, provenance, write_json  # noqa: E402
 from vllm import _custom_ops as ops  # noqa: E402
 
-PATHS = ("linear_small", "F.linear")
+# linear_small as the AVX512 GEMV (VLLM_CPU_AMX=0), linear_small on AMX tiles where the CPU has
+# them (VLLM_CPU_AMX=all; elsewhere the GEMV again), torch's GEMM
+PATHS = ("gemv", "amx", "F.linear")
+AMX_SETTING = {"gemv": "0", "amx": "all"}
 
 
 def cpu_report() -> dict:
@@ -96,8 +98,10 @@ def make_path(path: str, weights: list[list[torch.Tensor]], m: int):
     def step():
         ws = weights[turn[0] % len(weights)]
         turn[0] += 1
+        if path in AMX_SETTING:  # read by the kernel at each call
+            os.environ["VLLM_CPU_AMX"] = AMX_SETTING[path]
         for i, w in enumerate(ws):
-            if path == "linear_small":
+            if path in AMX_SETTING:
                 ops.linear_small(outs[i], xs[w.shape[1]], w, None)
             else:
                 outs[i] = F.linear(xs[w.shape[1]], w)
@@ -135,23 +139,26 @@ def run_shape(name: str, n_threads: int, rows: list[int], args, bandwidth: float
     result = []
     for m in rows:
         steps = {p: make_path(p, weights, m) for p in PATHS}
-        steps["F.linear"].xs.update(steps["linear_small"].xs)  # the same inputs: a check
+        for p in PATHS[1:]:  # the same inputs: a check
+            steps[p].xs.update(steps[PATHS[0]].xs)
         times = ab_times(steps, args.passes, args.reps)
-        err = max(rel_err(a, b) for a, b in zip(*(steps[p].outs for p in PATHS)))
-        a, b = (statistics.median(times[p]) for p in PATHS)
-        ratio = statistics.median(tb / ta for ta, tb in zip(*(times[p] for p in PATHS)))
+        err = max(rel_err(a, b) for p in PATHS[1:]
+                  for a, b in zip(steps[p].outs, steps[PATHS[0]].outs))
         row = {"shape": name, "threads": n_threads, "rows": m, "weight_mb": nbytes / 1e6,
-               "copies": args.copies,
-               "floor_ms": floor, "bandwidth_gbps": bandwidth, "b_over_a": ratio,
+               "copies": args.copies, "floor_ms": floor, "bandwidth_gbps": bandwidth,
                "max_rel_err": err}
         for p in PATHS:
             row[p] = {"ms": statistics.median(times[p]), "min": min(times[p]),
-                      "max": max(times[p]), "x_floor": statistics.median(times[p]) / floor}
+                      "max": max(times[p]), "x_floor": statistics.median(times[p]) / floor,
+                      # the median of the paired passes' ratios to the first path
+                      "over_first": statistics.median(
+                          t / t0 for t0, t in zip(times[PATHS[0]], times[p]))}
         result.append(row)
-        print(f"{name:<13} {n_threads:>3} thr  M {m:>2}  linear_small {a:7.3f} ms "
-              f"({a / floor:4.2f}x)  F.linear {b:7.3f} ms ({b / floor:4.2f}x)  "
-              f"b/a {ratio:4.2f}  floor {floor:.3f} ms ({nbytes / 1e6:.0f} MB x{args.copies}, "
-              f"{bandwidth:.0f} GB/s)  err {err:.0e}", flush=True)
+        print(f"{name:<13} {n_threads:>3} thr  M {m:>2}  " + "  ".join(
+            f"{p} {row[p]['ms']:7.3f} ms ({row[p]['x_floor']:4.2f}x, "
+            f"{row[p]['over_first']:4.2f} of {PATHS[0]})" for p in PATHS)
+            + f"  floor {floor:.3f} ms ({nbytes / 1e6:.0f} MB x{args.copies}, "
+            f"{bandwidth:.0f} GB/s)  err {err:.0e}", flush=True)
     base = result[0]
     for row in result[1:]:
         print(f"{'':<13} {n_threads:>3} thr  M {row['rows']:>2} / M {base['rows']}: " + "  ".join(

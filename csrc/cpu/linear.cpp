@@ -267,6 +267,9 @@ bool has_bf16_dot() {
 template <typename T>
 void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T* weight,
                        const T* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (linear_amx_bf16(out, ldo, input, ldi, weight, bias, m_dim, n_dim, k_dim)) return;
+  }
 #ifdef VLLM_BF16_DOT
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (has_bf16_dot()) {

@@ -82,6 +82,37 @@ def test_linear_small_streams_setting_is_checked(monkeypatch):
                          torch.randn(4, 8, dtype=torch.bfloat16), None)
 
 
+@pytest.mark.parametrize("amx", ["0", "auto", "all"])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 15, 16, 17])
+# n: whole tiles of 16 weight rows, an odd count of them (5), a tail of 4 rows after them,
+# fewer rows than a tile; k: multiples of the tile's 32 columns, one that is not (48)
+@pytest.mark.parametrize("n,k", [(2048, 576), (80, 64), (100, 64), (12, 96), (64, 48)])
+def test_linear_small_amx_setting(amx, m, n, k, monkeypatch):
+    """bf16 rows through AMX tiles where the CPU has them (VLLM_CPU_AMX, read at every call:
+    auto 3-16 rows, all 1-16, 0 never; elsewhere every setting runs the GEMV): the reference's
+    sums, strided input and out rows and a bias included. On AMX hosts "0" against "auto" is
+    the tile path against the GEMV; both against F.linear in fp32."""
+    monkeypatch.setenv("VLLM_CPU_AMX", amx)
+    torch.manual_seed(m * n + k)
+    x = torch.randn(m, k + 32, dtype=torch.bfloat16)[:, 16:16 + k]
+    w = torch.randn(n, k, dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, dtype=torch.bfloat16)
+    out_buf = torch.full((m, n + 8), float("nan"), dtype=torch.bfloat16)
+    out = out_buf[:, 4:4 + n]
+    ops.linear_small(out, x, w, b)
+    ref = F.linear(x.float(), w.float(), b.float())
+    assert_close("linear_small amx", out.float(), ref, torch.bfloat16)
+    assert out_buf[:, :4].isnan().all() and out_buf[:, 4 + n:].isnan().all()
+
+
+def test_linear_small_amx_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_AMX", "yes")
+    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX must be auto, all or 0"):
+        ops.linear_small(torch.empty(4, 32, dtype=torch.bfloat16),
+                         torch.randn(4, 64, dtype=torch.bfloat16),
+                         torch.randn(32, 64, dtype=torch.bfloat16), None)
+
+
 def test_linear_small_rejects_bad_shapes():
     with pytest.raises(RuntimeError, match="features"):
         ops.linear_small(torch.empty(2, 4), torch.randn(2, 8), torch.randn(4, 7), None)

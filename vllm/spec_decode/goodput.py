@@ -123,8 +123,10 @@ class CostCurve:
         if len(bucket) < 2:
             return  # provisional: changes no estimate
         times = sorted(t for _, t in bucket)
-        self._bucket_points[key] = (sum(x for x, _ in bucket) / len(bucket),
-                                    times[(len(times) - 1) // 4])
+        point = (sum(x for x, _ in bucket) / len(bucket), times[(len(times) - 1) // 4])
+        if self._bucket_points.get(key) == point:
+            return  # the same curve: the estimates kept stand
+        self._bucket_points[key] = point
         pts = sorted(self._bucket_points.values())
         self._xs = [x for x, _ in pts]
         self._ys = [t for _, t in pts]
@@ -283,6 +285,15 @@ class GoodputController:
         first = self.t_first.estimate(batch)
         return (draft if first is None else first) + (k - 1) * draft
 
+    def propose_seconds_by_k(self, batch: int) -> list[float]:
+        """propose_seconds(k, batch) for k = 0..max_k, the estimates read once."""
+        draft = self.t_draft.estimate(batch)
+        if draft is None:
+            return [0.0] * (self.max_k + 1)
+        first = self.t_first.estimate(batch)
+        first = draft if first is None else first
+        return [0.0] + [first + (k - 1) * draft for k in range(1, self.max_k + 1)]
+
     def step_seconds_by_k(self, batch: int) -> Optional[list[float]]:
         """For k = 0..max_k: the modelled seconds of a decode step of batch requests drafting k
         each, t(k, B) of the module's docstring (None when the plain step is not measured
@@ -291,7 +302,8 @@ class GoodputController:
         if plain is None:
             return None
         verify = self.t_verify.estimate
-        return [plain] + [self.propose_seconds(k, batch) + max(plain, verify(batch * (k + 1)))
+        propose = self.propose_seconds_by_k(batch)
+        return [plain] + [propose[k] + max(plain, verify(batch * (k + 1)))
                           for k in range(1, self.max_k + 1)]
 
     def split_step_seconds(self, k: int, batch: int) -> Optional[float]:
@@ -323,13 +335,15 @@ class GoodputController:
         if draft is None:
             return None
         hit_wait = self.t_hit.estimate(batch) or 0.0
+        proposals = self.propose_seconds_by_k(batch)
         out: list[Optional[float]] = [None]
         for k in range(1, self.max_k + 1):
-            propose = self.propose_seconds(k, batch)
+            propose = proposals[k]
             p_all = odds.all_hit[k]
             if p_all < 1.0:  # the requests missed, where not all hit
                 missed = min(batch, max(1.0, (batch - odds.hits[k]) / (1.0 - p_all)))
-                wait = p_all * hit_wait + (1.0 - p_all) * self.propose_seconds(k, missed)
+                missed_propose = propose if missed == batch else self.propose_seconds(k, missed)
+                wait = p_all * hit_wait + (1.0 - p_all) * missed_propose
             else:
                 wait = hit_wait
             stall = max(0.0, (k + 1) * draft - (seconds[k] - propose))

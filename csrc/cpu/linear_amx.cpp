@@ -1,0 +1,195 @@
+// linear_small's bf16 path on AMX tiles (Sapphire Rapids and later): out[M, N] = x[M, K] @
+// w[N, K]^T for a few input rows. The AVX512_BF16 GEMV's cost grows with the rows (its dot
+// products outlast the weight bytes from 4 rows on: 2.3-3.7x the one-row time at 8 rows on the
+// H200's host), where a tile multiply of 16 x 32 by 32 x 16 costs about what loading its 1 KB of
+// weights does, so a batch of up to 16 rows still costs the weight bytes.
+//
+// Tile roles: the weights are the A operand, 16 rows of w per tile read straight from w (row
+// stride K), so nothing is repacked at load or per call; the input rows are the B operand, their
+// transpose in the pair-interleaved layout the tile multiply wants, packed once per call (B[r][2m
+// + j] = x[m][32 s + 2 r + j] for k-step s: each 32-bit pair of x row m lands in column m). The
+// accumulator C[i][m] = sum_k w[n0 + i][k] x[m][k] = out[m][n0 + i], fp32 sums as the GEMV's.
+#include "cpu/linear.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__)
+#define VLLM_AMX 1
+#include <ATen/Parallel.h>
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+#endif
+
+namespace vllm_cpu {
+
+#ifdef VLLM_AMX
+namespace {
+
+constexpr int64_t kTileRows = 16;  // weight rows per A tile, input rows (at most) per B tile
+constexpr int64_t kTileK = 32;     // bf16 columns per k-step (a 64-byte tile row)
+constexpr int64_t kMaxRows = 16;
+
+#define VLLM_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f")))
+
+// The 64-byte tile configuration (palette 1): tiles 0-1 accumulators (16 x 16 fp32), 2-3 weight
+// tiles (16 rows x 32 bf16), 4 the packed input (16 pairs of rows x 16 columns of pairs).
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+bool cpu_has_amx_bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  return (edx & (1u << 22)) != 0 && (edx & (1u << 24)) != 0;  // AMX-BF16, AMX-TILE
+}
+
+// The CPU has AMX-BF16 and Linux let this process use the tile registers (they are off until a
+// process asks: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)).
+bool amx_usable() {
+  static const bool usable = [] {
+    if (!cpu_has_amx_bf16()) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return usable;
+}
+
+// VLLM_CPU_AMX (read at every call): auto (default) takes AMX for 3 to 16 rows, all for 1 to 16,
+// 0 never.
+int64_t amx_min_rows() {
+  const char* v = std::getenv("VLLM_CPU_AMX");
+  if (v == nullptr || std::string(v) == "auto") return 3;
+  if (std::string(v) == "all") return 1;
+  TORCH_CHECK(std::string(v) == "0", "VLLM_CPU_AMX must be auto, all or 0, got '", v, "'");
+  return kMaxRows + 1;
+}
+
+VLLM_AMX_TARGET void load_tile_config() {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 5; ++t) {
+    cfg.rows[t] = kTileRows;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// x [m_dim, k_dim] (row stride ldx) into B tiles, one 1 KB tile per k-step: 32-bit word j of x
+// row m (its columns 2j, 2j + 1) at packed[(j / 16) * 256 + (j % 16) * 16 + m]; rows m_dim..15
+// zero.
+void pack_input(std::vector<uint32_t>& packed, const c10::BFloat16* x, int64_t ldx,
+                int64_t m_dim, int64_t k_dim) {
+  const int64_t words = k_dim / 2;
+  packed.assign(static_cast<size_t>(words * kTileRows), 0u);
+  for (int64_t m = 0; m < m_dim; ++m) {
+    uint32_t row_words[1];
+    const char* row = reinterpret_cast<const char*>(x + m * ldx);
+    for (int64_t j = 0; j < words; ++j) {
+      std::memcpy(row_words, row + 4 * j, 4);
+      packed[(j / 16) * 256 + (j % 16) * 16 + m] = row_words[0];
+    }
+  }
+}
+
+// Weight rows n0 .. n0 + 16 NB against every packed input row: C tile t holds rows n0 + 16 t.
+// The next NB blocks (the rows after these, one contiguous stretch of w) are prefetched into L2
+// over the k-steps, in address order, where they are this thread's (next_end).
+template <int NB>
+VLLM_AMX_TARGET void tile_blocks(float* c, const c10::BFloat16* w, const uint32_t* packed,
+                                 int64_t k_dim, int64_t n0, int64_t next_end) {
+  _tile_zero(0);
+  if constexpr (NB == 2) _tile_zero(1);
+  const int64_t ld = k_dim * 2;  // bytes per weight row
+  const char* a0 = reinterpret_cast<const char*>(w + n0 * k_dim);
+  const char* a1 = a0 + kTileRows * ld;
+  const char* next = a0 + NB * kTileRows * ld;
+  const int64_t next_rows = std::max<int64_t>(0, std::min<int64_t>(NB * kTileRows,
+                                                                     next_end - n0 - NB * kTileRows));
+  const int64_t steps = k_dim / kTileK;
+  // each k-step prefetches next_rows * 64 bytes of the next stretch (its size / steps)
+  const int64_t lines_per_step = next_rows;
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(4, packed + s * 256, 64);
+    _tile_loadd(2, a0 + s * 64, ld);
+    _tile_dpbf16ps(0, 2, 4);
+    if constexpr (NB == 2) {
+      _tile_loadd(3, a1 + s * 64, ld);
+      _tile_dpbf16ps(1, 3, 4);
+    }
+    const char* p = next + s * lines_per_step * 64;
+    for (int64_t l = 0; l < lines_per_step; ++l) _mm_prefetch(p + l * 64, _MM_HINT_T1);
+  }
+  _tile_stored(0, c, 64);
+  if constexpr (NB == 2) _tile_stored(1, c + 256, 64);
+}
+
+// out[m][n0 + i] = c[i * 16 + m] (+ bias), for NB blocks of c.
+void write_blocks(c10::BFloat16* out, int64_t ldo, const float* c, const c10::BFloat16* bias,
+                  int64_t m_dim, int64_t n0, int nb) {
+  for (int64_t i = 0; i < nb * kTileRows; ++i) {
+    const float b = bias != nullptr ? static_cast<float>(bias[n0 + i]) : 0.f;
+    const float* ci = c + (i / kTileRows) * 256 + (i % kTileRows) * 16;
+    for (int64_t m = 0; m < m_dim; ++m) out[m * ldo + n0 + i] = static_cast<c10::BFloat16>(ci[m] + b);
+  }
+}
+
+VLLM_AMX_TARGET void release_tiles() { _tile_release(); }
+
+}  // namespace
+
+bool linear_amx_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_t ldx,
+                     const c10::BFloat16* w, const c10::BFloat16* bias, int64_t m_dim,
+                     int64_t n_dim, int64_t k_dim) {
+  if (m_dim > kMaxRows || m_dim < amx_min_rows() || k_dim % kTileK != 0 ||
+      n_dim < kTileRows || !amx_usable()) {
+    return false;
+  }
+  std::vector<uint32_t> packed;
+  pack_input(packed, x, ldx, m_dim, k_dim);
+  const int64_t num_blocks = n_dim / kTileRows;
+  // at least ~32 KB of weights per thread, as the GEMV
+  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kTileRows));
+  at::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
+    load_tile_config();
+    alignas(64) float c[2 * 256];
+    const int64_t end_row = end * kTileRows;
+    int64_t b = begin;
+    for (; b + 2 <= end; b += 2) {
+      tile_blocks<2>(c, w, packed.data(), k_dim, b * kTileRows, end_row);
+      write_blocks(out, ldo, c, bias, m_dim, b * kTileRows, 2);
+    }
+    if (b < end) {
+      tile_blocks<1>(c, w, packed.data(), k_dim, b * kTileRows, end_row);
+      write_blocks(out, ldo, c, bias, m_dim, b * kTileRows, 1);
+    }
+    release_tiles();
+  });
+  const int64_t done = num_blocks * kTileRows;
+  if (done < n_dim) {  // the last rows (fewer than a tile): the GEMV
+    linear_small_impl<c10::BFloat16>(out + done, ldo, x, ldx, w + done * k_dim,
+                                     bias != nullptr ? bias + done : nullptr, m_dim,
+                                     n_dim - done, k_dim);
+  }
+  return true;
+}
+
+#else
+
+bool linear_amx_bf16(c10::BFloat16*, int64_t, const c10::BFloat16*, int64_t,
+                     const c10::BFloat16*, const c10::BFloat16*, int64_t, int64_t, int64_t) {
+  return false;
+}
+
+#endif
+
+}  // namespace vllm_cpu
