@@ -31,13 +31,15 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan: the 7B and the 13B pair at the final code (PAIR_KS=4,6,8,
-#   PAIR_ADAPTIVE=1 PAIR_ROUNDS=2, PAIR_SHAPE=llama-2-13b into another OUT_DIR: the stage
-#   writes /tmp/pair7b and spec_pair7b.json whatever the shape), whose controller keeps each
-#   request's runs of accepted drafts (unmeasured on the GPU; run 19's scaled the engine's and
-#   went plain for low-rate requests), then the served sweep with SERVE_ROUNDS=2; the trace of
-#   each controller row now holds every decision's drafting ahead, modelled speedup and
-#   acceptance. A lease costs ~110 s of build, ~4 min a pair stage, ~3.5 min a served round)
+#   (the next lease's plan: the AMX tile path of the CPU linear, never yet run on an AMX host:
+#   `python3 -m pytest tests/kernels/test_cpu_decode.py` (its VLLM_CPU_AMX settings against the
+#   reference), `python3 benchmarks/lab/cpu_gemm_lab.py --threads 4,8,16 --rows 1,2,4,8,16
+#   --passes 5 --reps 3` (GEMV, AMX and oneDNN in turns), then `VLLM_CPU_AMX=auto
+#   DRAFT_THREADS=4,8,16 DRAFT_PATHS=fused ... draft` (issue 10's batch 8 / batch 1); then a
+#   never-accepted draft (GOODPUT_BATCHES="1 8 32" GOODPUT_MODES="plain spec-spinauto") and the
+#   7B and 13B pairs (PAIR_KS=4,6,8 PAIR_ADAPTIVE=1 PAIR_ROUNDS=2, the 13B into another
+#   OUT_DIR: the stage writes /tmp/pair7b and spec_pair7b.json whatever the shape) at the final
+#   controller. A lease costs ~110 s of build, ~3-4 min a pair stage, ~3.5 min a served round)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
 #   a pair stage is ~4 min with its training, ~1 min more per extra round)
 #   (each stage takes, on the H200: build ~85-100 s, goodput ~25 s a run (batch and mode), pair

@@ -51,10 +51,10 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                               "by side, 1 as one stream (2-core Zen 4, SmolLM2-135M forward: "
                               "5% faster at 2 threads, 12% at 1; the GEMV at 2 rows 11-28% "
                               "faster; paired runs)"),
-    "VLLM_CPU_AMX": (_one_of("auto", "all", "0"), "auto",
+    "VLLM_CPU_AMX": (_one_of("0", "auto", "all"), "0",
                      "bf16 CPU linears of few rows on AMX tiles where the CPU has them (read by "
-                     "the kernel at each call): auto 3 to 16 rows, all 1 to 16, 0 never (the "
-                     "AVX512 GEMV)"),
+                     "the kernel at each call): 0 never (the AVX512 GEMV; the default until the "
+                     "tile path has run on an AMX host), auto 3 to 16 rows, all 1 to 16"),
     "VLLM_CUDA_GEMV": (_gemv_rows, 2,
                        "CUDA linear layers and logits of few rows use vllm._C's linear_small "
                        "GEMV instead of torch's GEMM: off, on (steps of up to 8 rows) or the "

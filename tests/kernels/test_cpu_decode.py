@@ -89,7 +89,7 @@ def test_linear_small_streams_setting_is_checked(monkeypatch):
 @pytest.mark.parametrize("n,k", [(2048, 576), (80, 64), (100, 64), (12, 96), (64, 48)])
 def test_linear_small_amx_setting(amx, m, n, k, monkeypatch):
     """bf16 rows through AMX tiles where the CPU has them (VLLM_CPU_AMX, read at every call:
-    auto 3-16 rows, all 1-16, 0 never; elsewhere every setting runs the GEMV): the reference's
+    0 never, auto 3-16 rows, all 1-16; elsewhere every setting runs the GEMV): the reference's
     sums, strided input and out rows and a bias included. On AMX hosts "0" against "auto" is
     the tile path against the GEMV; both against F.linear in fp32."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
@@ -107,7 +107,7 @@ def test_linear_small_amx_setting(amx, m, n, k, monkeypatch):
 
 def test_linear_small_amx_setting_is_checked(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_AMX", "yes")
-    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX must be auto, all or 0"):
+    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX must be 0, auto or all"):
         ops.linear_small(torch.empty(4, 32, dtype=torch.bfloat16),
                          torch.randn(4, 64, dtype=torch.bfloat16),
                          torch.randn(32, 64, dtype=torch.bfloat16), None)
