@@ -37,6 +37,21 @@ def test_rates_need_min_samples_and_ignore_idle_gaps():
     assert guard.rate(11, True) == 1000 and guard.rate(5, True) is None  # octaves: 8 vs 5
 
 
+def test_a_rate_is_of_the_newest_window_of_steps():
+    """An arm's rate counts its newest WINDOW steps only (sums kept as steps come and go)."""
+    guard = RealizedGoodput()
+    rng = random.Random(3)
+    steps = [(rng.randint(1, 9), rng.uniform(0.001, 0.02)) for _ in range(3 * realized.WINDOW + 5)]
+    for i, (tokens, seconds) in enumerate(steps, start=1):
+        guard.record(4, True, tokens, seconds)
+        newest = steps[max(0, i - realized.WINDOW):i]
+        expected = sum(t for t, _ in newest) / sum(s for _, s in newest)
+        got = guard.rate(4, True)
+        assert (got is None) == (i < MIN_SAMPLES)
+        if got is not None:
+            assert abs(got - expected) <= 1e-9 * expected
+
+
 def test_plain_decoding_is_measured_where_speculation_was():
     guard = RealizedGoodput()
     assert guard.allows(ids(4))  # nothing measured: the model's choice stands

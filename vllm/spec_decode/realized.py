@@ -41,11 +41,33 @@ def octave(num_requests: int) -> int:
     return round(math.log2(max(num_requests, 1)))
 
 
+class _Arm:
+    """An arm's newest WINDOW steps, (tokens, seconds) each, with their sums kept as they come
+    and go (a rate is read at every decision)."""
+
+    def __init__(self) -> None:
+        self.steps: deque = deque()
+        self.tokens = 0
+        self.seconds = 0.0
+
+    def append(self, tokens: int, seconds: float) -> None:
+        if len(self.steps) == WINDOW:
+            old_tokens, old_seconds = self.steps.popleft()
+            self.tokens -= old_tokens
+            self.seconds -= old_seconds
+        self.steps.append((tokens, seconds))
+        self.tokens += tokens
+        self.seconds += seconds
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
 class RealizedGoodput:
 
     def __init__(self) -> None:
-        # (octave, speculated) -> deque of (tokens, seconds) of its newest steps
-        self.arms: dict[tuple[int, bool], deque] = {}
+        # (octave, speculated) -> its newest steps
+        self.arms: dict[tuple[int, bool], _Arm] = {}
         # octave -> decisions still vetoed; octave -> the next veto's length
         self.vetoed: dict[int, int] = {}
         self.veto_length: dict[int, int] = {}
@@ -60,15 +82,15 @@ class RealizedGoodput:
         key = (octave(num_requests), speculated)
         arm = self.arms.get(key)
         if arm is None:
-            arm = self.arms[key] = deque(maxlen=WINDOW)
-        arm.append((tokens, seconds))
+            arm = self.arms[key] = _Arm()
+        arm.append(tokens, seconds)
 
     def rate(self, num_requests: int, speculated: bool) -> Optional[float]:
         """Tokens per second of the arm's newest steps (None: fewer than MIN_SAMPLES)."""
         arm = self.arms.get((octave(num_requests), speculated))
         if arm is None or len(arm) < MIN_SAMPLES:
             return None
-        return sum(t for t, _ in arm) / sum(s for _, s in arm)
+        return arm.tokens / arm.seconds
 
     def allows(self, req_ids: Sequence[str], plain_model: Optional[float] = None) -> bool:
         """Whether a step over the decoding requests req_ids may speculate, as the model chose;
