@@ -12,9 +12,19 @@ namespace {
 
 // Query rows handled per task, so scores stay within [kMaxRows, context_len] floats.
 constexpr int64_t kMaxRows = 64;
+// Keys per part at least, where a decode task is split across threads.
+constexpr int64_t kMinPartKeys = 64;
 
 struct Task {
   int64_t seq, kv_head, q_begin, q_end;  // query tokens [q_begin, q_end) of sequence seq
+};
+
+// One part of a decode task's keys, [k_begin, k_end) (a task split so that a step of few
+// sequences and KV heads still spreads over the threads); partial: its rows' unnormalised
+// results, HEAD_SIZE + 2 floats a row.
+struct Part {
+  int64_t task, k_begin, k_end;
+  float* partial;
 };
 
 template <typename T, int HEAD_SIZE>
@@ -43,14 +53,15 @@ struct AttentionTask {
   }
 
   // Row r's scores (its first first_visible + r / group) -> exp(s - max), unnormalised;
-  // inv_sum[r] = 1 / their sum.
+  // inv_sum[r] = 1 / their sum; row_max[r] = the max, where asked.
   static void softmax_rows(float* scores, int64_t rows, int64_t max_visible, int64_t first_visible,
-                           int64_t group, float* inv_sum) {
+                           int64_t group, float* inv_sum, float* row_max = nullptr) {
     for (int64_t r = 0; r < rows; ++r) {
       float* s = scores + r * max_visible;
       const int64_t n = first_visible + r / group;
       float max_score = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < n; ++j) max_score = std::max(max_score, s[j]);
+      if (row_max != nullptr) row_max[r] = max_score;
       fVec sum(0.f);
       const fVec m(max_score);
       for_each_vec(n, [&](int64_t j, int w) {
@@ -64,15 +75,22 @@ struct AttentionTask {
     }
   }
 
-  // A task of R <= kRegRows rows (a decode step's GQA group, or a short verification with
-  // one KV head per query head): the scaled queries and the weighted sums stay in registers
-  // over all keys, instead of being reloaded (and the sums stored back) for every key.
+  // A task of R <= 4 rows (a decode step's GQA group, or a short verification with one KV
+  // head per query head): the scaled queries and the weighted sums stay in registers over all
+  // keys, instead of being reloaded (and the sums stored back) for every key. part: one part
+  // of a decode task's keys, [part->k_begin, part->k_end), whose unnormalised result (each
+  // row's max score, sum of exponentials and weighted sum of values) goes to part->partial for
+  // merge_parts; null: every key, the normalised result into out.
   template <int R>
   void run_rows(const Task& task, int64_t q_start, int64_t q_len, int64_t context_len,
-                std::vector<float>& scores) const {
+                std::vector<float>& scores, const Part* part = nullptr) const {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t first_visible = context_len - q_len + task.q_begin + 1;
     const int64_t max_visible = first_visible + (task.q_end - task.q_begin) - 1;
+    // keys [k0, k1); a part's rows (one decode token) all see every key of it
+    const int64_t k0 = part != nullptr ? part->k_begin : 0;
+    const int64_t k1 = part != nullptr ? part->k_end : max_visible;
+    const int64_t width = k1 - k0;
     fVec q[R][kVecs];
     for (int r = 0; r < R; ++r) {
       const T* src = query + row_offset(task, q_start, group, r);
@@ -86,8 +104,8 @@ struct AttentionTask {
       const T* src = cache_row(cache, task.kv_head, j);
       for (int v = 0; v < kVecs; ++v) dst[v] = load_float(src + v * kVecSize);
     };
-    scores.resize(R * max_visible);
-    for (int64_t j = 0; j < max_visible; ++j) {
+    scores.resize(R * width);
+    for (int64_t j = k0; j < k1; ++j) {
       fVec kv[kVecs];
       load_row(key_cache, j, kv);
       const int64_t seen_from = first_row(j);
@@ -95,30 +113,76 @@ struct AttentionTask {
         if (r < seen_from) continue;
         fVec dot = q[r][0] * kv[0];
         for (int v = 1; v < kVecs; ++v) dot = at::vec::fmadd(q[r][v], kv[v], dot);
-        scores[r * max_visible + j] = at::vec::vec_reduce_all<float>(
+        scores[r * width + j - k0] = at::vec::vec_reduce_all<float>(
             [](const fVec& a, const fVec& b) { return a + b; }, dot);
       }
     }
-    float inv_sum[R];
-    softmax_rows(scores.data(), R, max_visible, first_visible, group, inv_sum);
+    float inv_sum[R], row_max[R];
+    softmax_rows(scores.data(), R, width, part != nullptr ? width : first_visible, group,
+                 inv_sum, row_max);
     fVec acc[R][kVecs];
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < kVecs; ++v) acc[r][v] = fVec(0.f);
     }
-    for (int64_t j = 0; j < max_visible; ++j) {
+    for (int64_t j = k0; j < k1; ++j) {
       fVec vv[kVecs];
       load_row(value_cache, j, vv);
       const int64_t seen_from = first_row(j);
       for (int r = 0; r < R; ++r) {
         if (r < seen_from) continue;
-        const fVec p(scores[r * max_visible + j]);
+        const fVec p(scores[r * width + j - k0]);
         for (int v = 0; v < kVecs; ++v) acc[r][v] = at::vec::fmadd(p, vv[v], acc[r][v]);
       }
     }
     for (int r = 0; r < R; ++r) {
+      if (part != nullptr) {  // [max, sum, HEAD_SIZE weighted sums] per row
+        float* dst = part->partial + r * (HEAD_SIZE + 2);
+        dst[0] = row_max[r];
+        dst[1] = 1.f / inv_sum[r];
+        for (int v = 0; v < kVecs; ++v) acc[r][v].store(dst + 2 + v * kVecSize);
+        continue;
+      }
       T* o = out + row_offset(task, q_start, group, r);
       const fVec inv(inv_sum[r]);
       for (int v = 0; v < kVecs; ++v) store_float(o + v * kVecSize, acc[r][v] * inv);
+    }
+  }
+
+  // One part of a decode task (its rows: the GQA group, 1 to 4).
+  void run_part(const Task& task, int64_t q_start, int64_t context_len, std::vector<float>& scores,
+                const Part& part) const {
+    switch (num_heads / num_kv_heads) {
+      case 1: return run_rows<1>(task, q_start, 1, context_len, scores, &part);
+      case 2: return run_rows<2>(task, q_start, 1, context_len, scores, &part);
+      case 3: return run_rows<3>(task, q_start, 1, context_len, scores, &part);
+      case 4: return run_rows<4>(task, q_start, 1, context_len, scores, &part);
+      default: TORCH_CHECK(false, "a split decode task holds 1 to 4 rows");
+    }
+  }
+
+  // The parts of a decode task merged into its rows of out: each part's sums rescaled to the
+  // rows' overall max score (exp(m_p - m)), added, normalised.
+  void merge_parts(const Task& task, int64_t q_start, const Part* parts, int64_t num_parts) const {
+    const int64_t group = num_heads / num_kv_heads;
+    for (int64_t r = 0; r < group; ++r) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t p = 0; p < num_parts; ++p) {
+        m = std::max(m, parts[p].partial[r * (HEAD_SIZE + 2)]);
+      }
+      float sum = 0.f;
+      fVec acc[kVecs];
+      for (int v = 0; v < kVecs; ++v) acc[v] = fVec(0.f);
+      for (int64_t p = 0; p < num_parts; ++p) {
+        const float* src = parts[p].partial + r * (HEAD_SIZE + 2);
+        const float w = std::exp(src[0] - m);
+        sum += w * src[1];
+        for (int v = 0; v < kVecs; ++v) {
+          acc[v] = at::vec::fmadd(fVec(w), fVec::loadu(src + 2 + v * kVecSize), acc[v]);
+        }
+      }
+      T* o = out + row_offset(task, q_start, group, r);
+      const fVec inv(1.f / sum);
+      for (int v = 0; v < kVecs; ++v) store_float(o + v * kVecSize, acc[v] * inv);
     }
   }
 
@@ -227,17 +291,61 @@ void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cach
     kv_bytes += static_cast<int64_t>(ctx[t.seq]) * 2 * HEAD_SIZE * static_cast<int64_t>(sizeof(T));
   }
   const bool small = macs < (int64_t{1} << 16) && kv_bytes < (int64_t{32} << 10);
-  const int64_t grain = small ? std::max<int64_t>(1, static_cast<int64_t>(tasks.size())) : 1;
-  at::parallel_for(0, tasks.size(), grain, [&](int64_t begin, int64_t end) {
+  // Fewer tasks than twice the threads (a decode step of few sequences and KV heads: SmolLM2's
+  // 3 KV heads at batch 1 left one of 2 threads idle half the time, 15 of 16 on the H200's
+  // host): each decode task's keys are split into parts of kMinPartKeys keys or more, merged
+  // afterwards. A part with partial == nullptr is a whole task.
+  const int64_t threads = at::get_num_threads();
+  const int64_t num_tasks = static_cast<int64_t>(tasks.size());
+  const bool split = !small && group <= 4 && HEAD_SIZE / kVecSize <= 8 && num_tasks < 2 * threads;
+  std::vector<Part> parts;
+  std::vector<float> partials;
+  int64_t num_partial = 0;  // parts with a partial result
+  for (int64_t i = 0; i < num_tasks; ++i) {
+    const Task& t = tasks[i];
+    const int64_t c = ctx[t.seq];
+    int64_t n = 1;
+    if (split && qsl[t.seq + 1] - qsl[t.seq] == 1) {
+      n = std::min((2 * threads + num_tasks - 1) / num_tasks, c / kMinPartKeys);
+    }
+    if (n <= 1) {
+      parts.push_back({i, 0, 0, nullptr});
+      continue;
+    }
+    for (int64_t p = 0; p < n; ++p) {
+      parts.push_back({i, c * p / n, c * (p + 1) / n, nullptr});
+      ++num_partial;
+    }
+  }
+  partials.resize(num_partial * group * (HEAD_SIZE + 2));
+  for (int64_t p = 0, k = 0; p < static_cast<int64_t>(parts.size()); ++p) {
+    if (parts[p].k_end > 0) parts[p].partial = partials.data() + (k++) * group * (HEAD_SIZE + 2);
+  }
+  const int64_t grain = small ? std::max<int64_t>(1, static_cast<int64_t>(parts.size())) : 1;
+  at::parallel_for(0, parts.size(), grain, [&](int64_t begin, int64_t end) {
     std::vector<float> q_rows, scores, acc;
     auto local = kernel;
     for (int64_t i = begin; i < end; ++i) {
-      const Task& task = tasks[i];
+      const Part& part = parts[i];
+      const Task& task = tasks[part.task];
       local.block_table = tables + task.seq * max_blocks;
-      local.run(task, qsl[task.seq], qsl[task.seq + 1] - qsl[task.seq], ctx[task.seq], q_rows,
-                scores, acc);
+      if (part.partial != nullptr) {
+        local.run_part(task, qsl[task.seq], ctx[task.seq], scores, part);
+      } else {
+        local.run(task, qsl[task.seq], qsl[task.seq + 1] - qsl[task.seq], ctx[task.seq], q_rows,
+                  scores, acc);
+      }
     }
   });
+  for (int64_t p = 0; p < static_cast<int64_t>(parts.size());) {  // the split tasks' merges
+    int64_t q = p + 1;
+    while (q < static_cast<int64_t>(parts.size()) && parts[q].task == parts[p].task) ++q;
+    if (parts[p].partial != nullptr) {
+      const Task& task = tasks[parts[p].task];
+      kernel.merge_parts(task, qsl[task.seq], parts.data() + p, q - p);
+    }
+    p = q;
+  }
 }
 
 template <typename T>

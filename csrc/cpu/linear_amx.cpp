@@ -95,11 +95,11 @@ void pack_input(std::vector<uint32_t>& packed, const c10::BFloat16* x, int64_t l
   const int64_t words = k_dim / 2;
   packed.assign(static_cast<size_t>(words * kTileRows), 0u);
   for (int64_t m = 0; m < m_dim; ++m) {
-    uint32_t row_words[1];
     const char* row = reinterpret_cast<const char*>(x + m * ldx);
     for (int64_t j = 0; j < words; ++j) {
-      std::memcpy(row_words, row + 4 * j, 4);
-      packed[(j / 16) * 256 + (j % 16) * 16 + m] = row_words[0];
+      uint32_t word;
+      std::memcpy(&word, row + 4 * j, 4);
+      packed[(j / 16) * 256 + (j % 16) * 16 + m] = word;
     }
   }
 }
@@ -116,8 +116,8 @@ VLLM_AMX_TARGET void tile_blocks(float* c, const c10::BFloat16* w, const uint32_
   const char* a0 = reinterpret_cast<const char*>(w + n0 * k_dim);
   const char* a1 = a0 + kTileRows * ld;
   const char* next = a0 + NB * kTileRows * ld;
-  const int64_t next_rows = std::max<int64_t>(0, std::min<int64_t>(NB * kTileRows,
-                                                                     next_end - n0 - NB * kTileRows));
+  const int64_t next_rows =
+      std::max<int64_t>(0, std::min<int64_t>(NB * kTileRows, next_end - n0 - NB * kTileRows));
   const int64_t steps = k_dim / kTileK;
   // each k-step prefetches next_rows * 64 bytes of the next stretch (its size / steps)
   const int64_t lines_per_step = next_rows;
@@ -142,7 +142,9 @@ void write_blocks(c10::BFloat16* out, int64_t ldo, const float* c, const c10::BF
   for (int64_t i = 0; i < nb * kTileRows; ++i) {
     const float b = bias != nullptr ? static_cast<float>(bias[n0 + i]) : 0.f;
     const float* ci = c + (i / kTileRows) * 256 + (i % kTileRows) * 16;
-    for (int64_t m = 0; m < m_dim; ++m) out[m * ldo + n0 + i] = static_cast<c10::BFloat16>(ci[m] + b);
+    for (int64_t m = 0; m < m_dim; ++m) {
+      out[m * ldo + n0 + i] = static_cast<c10::BFloat16>(ci[m] + b);
+    }
   }
 }
 

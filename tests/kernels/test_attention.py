@@ -76,6 +76,24 @@ def test_paged_attention_few_rows_per_kv_head(device, head_size, group, q_len):
     run_and_compare(context_lens, [q_len] * 5, 3 * group, 3, head_size, 16, device)
 
 
+@pytest.mark.parametrize("threads", [2, 8])
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("num_kv_heads", [1, 3])
+@pytest.mark.parametrize("context_lens,q_lens", [([1000], [1]), ([129], [1]), ([300, 5], [1, 1]),
+                                                 ([700, 90], [1, 4])])
+def test_paged_attention_decode_split_across_threads(threads, group, num_kv_heads,
+                                                     context_lens, q_lens):
+    """CPU: a decode step of fewer (sequence, KV head) tasks than twice the threads has each
+    task's keys split into parts, one per thread at most, merged after (rows of 1-4 per KV
+    head; 5 is not split); a verifying sequence beside it is not split."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        run_and_compare(context_lens, q_lens, group * num_kv_heads, num_kv_heads, 64, 16, "cpu")
+    finally:
+        torch.set_num_threads(saved)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_paged_attention_mixed_prefill_and_decode(device):
     """Variable q_len per sequence, including a whole-prompt prefill and an empty sequence."""
