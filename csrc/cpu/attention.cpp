@@ -148,18 +148,6 @@ struct AttentionTask {
     }
   }
 
-  // One part of a decode task (its rows: the GQA group, 1 to 4).
-  void run_part(const Task& task, int64_t q_start, int64_t context_len, std::vector<float>& scores,
-                const Part& part) const {
-    switch (num_heads / num_kv_heads) {
-      case 1: return run_rows<1>(task, q_start, 1, context_len, scores, &part);
-      case 2: return run_rows<2>(task, q_start, 1, context_len, scores, &part);
-      case 3: return run_rows<3>(task, q_start, 1, context_len, scores, &part);
-      case 4: return run_rows<4>(task, q_start, 1, context_len, scores, &part);
-      default: TORCH_CHECK(false, "a split decode task holds 1 to 4 rows");
-    }
-  }
-
   // The parts of a decode task merged into its rows of out: each part's sums rescaled to the
   // rows' overall max score (exp(m_p - m)), added, normalised.
   void merge_parts(const Task& task, int64_t q_start, const Part* parts, int64_t num_parts) const {
@@ -188,29 +176,37 @@ struct AttentionTask {
 
   // Rows r = (token i, group member g) -> head kv_head * group + g; row r of a token sees keys
   // [0, visible(i)) where visible(i) = context_len - q_len + i + 1 (causal among the new tokens).
+  // part: one part of a decode task's keys, into part->partial (see run_rows).
   void run(const Task& task, int64_t q_start, int64_t q_len, int64_t context_len,
-           std::vector<float>& q_rows, std::vector<float>& scores, std::vector<float>& acc) const {
+           std::vector<float>& q_rows, std::vector<float>& scores, std::vector<float>& acc,
+           const Part* part = nullptr) const {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t num_tok = task.q_end - task.q_begin, rows = num_tok * group;
     switch (kVecs <= 8 ? rows : 0) {  // register-held rows while they fit (head size <= 128)
-      case 1: return run_rows<1>(task, q_start, q_len, context_len, scores);
-      case 2: return run_rows<2>(task, q_start, q_len, context_len, scores);
-      case 3: return run_rows<3>(task, q_start, q_len, context_len, scores);
-      case 4: return run_rows<4>(task, q_start, q_len, context_len, scores);
+      case 1: return run_rows<1>(task, q_start, q_len, context_len, scores, part);
+      case 2: return run_rows<2>(task, q_start, q_len, context_len, scores, part);
+      case 3: return run_rows<3>(task, q_start, q_len, context_len, scores, part);
+      case 4: return run_rows<4>(task, q_start, q_len, context_len, scores, part);
       default: break;
     }
     const int64_t first_visible = context_len - q_len + task.q_begin + 1;
     const int64_t max_visible = first_visible + num_tok - 1;
+    // keys [k0, k1); a part's rows (one decode token) all see every key of it
+    const int64_t k0 = part != nullptr ? part->k_begin : 0;
+    const int64_t k1 = part != nullptr ? part->k_end : max_visible;
+    const int64_t width = k1 - k0;
     q_rows.resize(rows * HEAD_SIZE);  // scaled queries in fp32
-    scores.resize(rows * max_visible);
+    scores.resize(rows * width);
     acc.assign(rows * HEAD_SIZE, 0.f);
     for (int64_t r = 0; r < rows; ++r) {
       const T* q = query + row_offset(task, q_start, group, r);
       float* dst = q_rows.data() + r * HEAD_SIZE;
-      for (int v = 0; v < kVecs; ++v) (load_float(q + v * kVecSize) * fVec(scale)).store(dst + v * kVecSize);
+      for (int v = 0; v < kVecs; ++v) {
+        (load_float(q + v * kVecSize) * fVec(scale)).store(dst + v * kVecSize);
+      }
     }
     // scores[r, j] = q_r . k_j for every visible j; each K row is loaded once.
-    for (int64_t j = 0; j < max_visible; ++j) {
+    for (int64_t j = k0; j < k1; ++j) {
       const T* k = cache_row(key_cache, task.kv_head, j);
       fVec kv[kVecs];
       for (int v = 0; v < kVecs; ++v) kv[v] = load_float(k + v * kVecSize);
@@ -218,22 +214,25 @@ struct AttentionTask {
       for (int64_t r = first_row; r < rows; ++r) {
         const float* q = q_rows.data() + r * HEAD_SIZE;
         fVec dot = fVec::loadu(q) * kv[0];
-        for (int v = 1; v < kVecs; ++v) dot = at::vec::fmadd(fVec::loadu(q + v * kVecSize), kv[v], dot);
-        scores[r * max_visible + j] = at::vec::vec_reduce_all<float>(
+        for (int v = 1; v < kVecs; ++v) {
+          dot = at::vec::fmadd(fVec::loadu(q + v * kVecSize), kv[v], dot);
+        }
+        scores[r * width + j - k0] = at::vec::vec_reduce_all<float>(
             [](const fVec& a, const fVec& b) { return a + b; }, dot);
       }
     }
     // softmax over each row's visible prefix; acc keeps the unnormalised weighted sum.
-    std::vector<float> inv_sum(rows);
-    softmax_rows(scores.data(), rows, max_visible, first_visible, group, inv_sum.data());
+    std::vector<float> inv_sum(rows), row_max(rows);
+    softmax_rows(scores.data(), rows, width, part != nullptr ? width : first_visible, group,
+                 inv_sum.data(), row_max.data());
     // acc[r] += p[r, j] * v_j; each V row is loaded once.
-    for (int64_t j = 0; j < max_visible; ++j) {
+    for (int64_t j = k0; j < k1; ++j) {
       const T* v_row = cache_row(value_cache, task.kv_head, j);
       fVec vv[kVecs];
       for (int v = 0; v < kVecs; ++v) vv[v] = load_float(v_row + v * kVecSize);
       const int64_t first_row = j < first_visible ? 0 : (j - first_visible + 1) * group;
       for (int64_t r = first_row; r < rows; ++r) {
-        const fVec p(scores[r * max_visible + j]);
+        const fVec p(scores[r * width + j - k0]);
         float* a = acc.data() + r * HEAD_SIZE;
         for (int v = 0; v < kVecs; ++v) {
           at::vec::fmadd(p, vv[v], fVec::loadu(a + v * kVecSize)).store(a + v * kVecSize);
@@ -241,10 +240,18 @@ struct AttentionTask {
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
+      const float* a = acc.data() + r * HEAD_SIZE;
+      if (part != nullptr) {  // [max, sum, HEAD_SIZE weighted sums] per row
+        float* dst = part->partial + r * (HEAD_SIZE + 2);
+        dst[0] = row_max[r];
+        dst[1] = 1.f / inv_sum[r];
+        std::copy(a, a + HEAD_SIZE, dst + 2);
+        continue;
+      }
       T* o = out + row_offset(task, q_start, group, r);
       const fVec inv(inv_sum[r]);
       for (int v = 0; v < kVecs; ++v) {
-        store_float(o + v * kVecSize, fVec::loadu(acc.data() + r * HEAD_SIZE + v * kVecSize) * inv);
+        store_float(o + v * kVecSize, fVec::loadu(a + v * kVecSize) * inv);
       }
     }
   }
@@ -292,12 +299,12 @@ void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cach
   }
   const bool small = macs < (int64_t{1} << 16) && kv_bytes < (int64_t{32} << 10);
   // Fewer tasks than twice the threads (a decode step of few sequences and KV heads: SmolLM2's
-  // 3 KV heads at batch 1 left one of 2 threads idle half the time, 15 of 16 on the H200's
-  // host): each decode task's keys are split into parts of kMinPartKeys keys or more, merged
-  // afterwards. A part with partial == nullptr is a whole task.
+  // 3 KV heads at batch 1 kept one of 2 threads idle half the attention's time, and would keep
+  // 13 of 16 idle on the H200's host): each decode task's keys are split into parts of
+  // kMinPartKeys keys or more, merged afterwards. A part with partial == nullptr is a whole task.
   const int64_t threads = at::get_num_threads();
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
-  const bool split = !small && group <= 4 && HEAD_SIZE / kVecSize <= 8 && num_tasks < 2 * threads;
+  const bool split = !small && num_tasks < 2 * threads;
   std::vector<Part> parts;
   std::vector<float> partials;
   int64_t num_partial = 0;  // parts with a partial result
@@ -329,12 +336,8 @@ void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cach
       const Part& part = parts[i];
       const Task& task = tasks[part.task];
       local.block_table = tables + task.seq * max_blocks;
-      if (part.partial != nullptr) {
-        local.run_part(task, qsl[task.seq], ctx[task.seq], scores, part);
-      } else {
-        local.run(task, qsl[task.seq], qsl[task.seq + 1] - qsl[task.seq], ctx[task.seq], q_rows,
-                  scores, acc);
-      }
+      local.run(task, qsl[task.seq], qsl[task.seq + 1] - qsl[task.seq], ctx[task.seq], q_rows,
+                scores, acc, part.partial != nullptr ? &part : nullptr);
     }
   });
   for (int64_t p = 0; p < static_cast<int64_t>(parts.size());) {  // the split tasks' merges
