@@ -84,8 +84,8 @@ def test_paged_attention_few_rows_per_kv_head(device, head_size, group, q_len):
 def test_paged_attention_decode_split_across_threads(threads, group, num_kv_heads,
                                                      context_lens, q_lens):
     """CPU: a decode step of fewer (sequence, KV head) tasks than twice the threads has each
-    task's keys split into parts, one per thread at most, merged after (rows of 1-4 per KV
-    head; 5 is not split); a verifying sequence beside it is not split."""
+    task's keys split into parts of 64 keys or more, merged after (1-4 rows per KV head held in
+    registers, 5 on the general path); a verifying sequence beside it is not split."""
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
