@@ -89,6 +89,32 @@ inline void row_all(T* out, int64_t ldo, const float* x, int64_t ldx, const T* w
 #ifdef VLLM_BF16_DOT
 #define VLLM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
+// sums[i] = the 16 lanes of a[i] + b[i] added, i < 8, in one transposed tree (15 shuffles for
+// the 8 sums, where a reduction apiece takes 4 each): per 128-bit lane, pairs of rows
+// interleaved and added, then quadruples, then the four lanes folded. (The bf16 GEMV at 8 rows,
+// 2-core Zen 4, paired against the per-row reductions: 6-7% faster over draft-20m's matrices,
+// K = 256, 2% over SmolLM2-135M's, K = 576 and 1536.)
+VLLM_BF16_TARGET inline void reduce8(const __m512* a, const __m512* b, float* sums) {
+  __m512 s[8];
+  for (int i = 0; i < 8; ++i) s[i] = _mm512_add_ps(a[i], b[i]);
+  __m512 t[4];  // t[p] per lane: [r0 part, r1 part, r0 part, r1 part] of rows 2p, 2p + 1
+  for (int p = 0; p < 4; ++p) {
+    t[p] = _mm512_add_ps(_mm512_unpacklo_ps(s[2 * p], s[2 * p + 1]),
+                         _mm512_unpackhi_ps(s[2 * p], s[2 * p + 1]));
+  }
+  __m512 w[2];  // w[h] per lane: one partial sum of each of rows 4h .. 4h + 3
+  for (int h = 0; h < 2; ++h) {
+    w[h] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * h], t[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(t[2 * h], t[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // lanes: [w0 L0 + L2, w0 L1 + L3, w1 L0 + L2, w1 L1 + L3], then each pair of lanes added
+  __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  z = _mm512_add_ps(z, _mm512_shuffle_f32x4(z, z, _MM_SHUFFLE(2, 3, 0, 1)));
+  _mm_storeu_ps(sums, _mm512_castps512_ps128(z));
+  _mm_storeu_ps(sums + 4, _mm512_extractf32x4_ps(z, 2));
+}
+
 // One weight row n against MB input rows, in address order (see row_tile): two accumulators
 // per input row, over the even and odd 32-column steps.
 template <int MB>
@@ -118,6 +144,15 @@ VLLM_BF16_TARGET inline void row_bf16(c10::BFloat16* out, int64_t ldo, const c10
       acc0[i] = _mm512_dpbf16_ps(acc0[i], wv,
                                  (__m512bh)_mm512_maskz_loadu_epi16(mask, x + i * ldx + k));
     }
+  }
+  if constexpr (MB == 8) {
+    float sums[8];
+    reduce8(acc0, acc1, sums);
+    for (int i = 0; i < MB; ++i) {
+      const float sum = sums[i] + (bias != nullptr ? static_cast<float>(bias[n]) : 0.f);
+      out[i * ldo + n] = static_cast<c10::BFloat16>(sum);
+    }
+    return;
   }
   for (int i = 0; i < MB; ++i) {
     float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
