@@ -11,6 +11,7 @@ from torch import nn
 from vllm.config import VllmConfig
 from vllm.distributed.parallel_state import building
 from vllm.logger import init_logger
+from vllm.model_executor.model_loader.weight_arena import pack_weights
 from vllm.model_executor.models.registry import resolve_model_class
 
 logger = init_logger(__name__)
@@ -89,6 +90,8 @@ def get_model(config: VllmConfig) -> nn.Module:
         _init_dummy_weights(model, mc.seed)
     else:
         model.load_weights(_iter_weights(mc.model, fmt))
+    if torch.device(config.device).type == "cpu":
+        pack_weights(model)  # every weight on huge pages (weight_arena.py)
     logger.info("loaded %s (%s, %s) on %s: %.2f GB", model_cls.__name__, fmt,
                 str(config.torch_dtype).replace("torch.", ""), config.device,
                 sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9)
