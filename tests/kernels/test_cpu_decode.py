@@ -73,13 +73,19 @@ def _has_bf16_dot() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _has_bf16_dot(), reason="the setting is read by the AVX512_BF16 GEMV")
-def test_linear_small_streams_setting_is_checked(monkeypatch):
-    monkeypatch.setenv("VLLM_CPU_GEMV_STREAMS", "3")
-    with pytest.raises(RuntimeError, match="VLLM_CPU_GEMV_STREAMS must be 1 or 2"):
-        ops.linear_small(torch.empty(1, 4, dtype=torch.bfloat16),
-                         torch.randn(1, 8, dtype=torch.bfloat16),
-                         torch.randn(4, 8, dtype=torch.bfloat16), None)
+@pytest.mark.parametrize("variable,value,message,rows", [
+    ("VLLM_CPU_GEMV_STREAMS", "3", "VLLM_CPU_GEMV_STREAMS must be 1 or 2", 1),
+    ("VLLM_CPU_AMX", "yes", "VLLM_CPU_AMX must be 0, auto or all", 4)])
+def test_linear_small_settings_are_checked(variable, value, message, rows, monkeypatch):
+    """A bad value of a setting the kernel reads at each call is an error naming it (the
+    streams setting where the AVX512_BF16 GEMV reads it; the AMX one everywhere)."""
+    if variable == "VLLM_CPU_GEMV_STREAMS" and not _has_bf16_dot():
+        pytest.skip("the setting is read by the AVX512_BF16 GEMV")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(RuntimeError, match=message):
+        ops.linear_small(torch.empty(rows, 32, dtype=torch.bfloat16),
+                         torch.randn(rows, 64, dtype=torch.bfloat16),
+                         torch.randn(32, 64, dtype=torch.bfloat16), None)
 
 
 @pytest.mark.parametrize("amx", ["0", "auto", "all"])
@@ -103,14 +109,6 @@ def test_linear_small_amx_setting(amx, m, n, k, monkeypatch):
     ref = F.linear(x.float(), w.float(), b.float())
     assert_close("linear_small amx", out.float(), ref, torch.bfloat16)
     assert out_buf[:, :4].isnan().all() and out_buf[:, 4 + n:].isnan().all()
-
-
-def test_linear_small_amx_setting_is_checked(monkeypatch):
-    monkeypatch.setenv("VLLM_CPU_AMX", "yes")
-    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX must be 0, auto or all"):
-        ops.linear_small(torch.empty(4, 32, dtype=torch.bfloat16),
-                         torch.randn(4, 64, dtype=torch.bfloat16),
-                         torch.randn(32, 64, dtype=torch.bfloat16), None)
 
 
 def test_linear_small_rejects_bad_shapes():
