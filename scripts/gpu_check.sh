@@ -39,7 +39,11 @@
 #   never-accepted draft (GOODPUT_BATCHES="1 8 32" GOODPUT_MODES="plain spec-spinauto") and the
 #   7B and 13B pairs (PAIR_KS=4,6,8 PAIR_ADAPTIVE=1 PAIR_ROUNDS=2, the 13B into another
 #   OUT_DIR: the stage writes /tmp/pair7b and spec_pair7b.json whatever the shape) at the final
-#   controller. A lease costs ~110 s of build, ~3-4 min a pair stage, ~3.5 min a served round)
+#   controller; if time is left, the 13B pair with PAIR_PROPOSERS=draft,draft-gpu PAIR_KS=3,4 and
+#   VLLM_DRAFTER_SPIN=off against auto (is the target's verification slower beside a spinning
+#   drafter, the 3% left at k = 3?). The draft stage at 16 threads also shows the attention's
+#   decode split (few KV heads: draft-20m 2, SmolLM2 3) and packed weights, both unmeasured on
+#   the host. A lease costs ~110 s of build, ~3-4 min a pair stage, ~3.5 min a served round)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
 #   a pair stage is ~4 min with its training, ~1 min more per extra round)
 #   (each stage takes, on the H200: build ~85-100 s, goodput ~25 s a run (batch and mode), pair
