@@ -19,6 +19,30 @@ struct Task {
   int64_t seq, kv_head, q_begin, q_end;  // query tokens [q_begin, q_end) of sequence seq
 };
 
+#ifdef CPU_CAPABILITY_AVX512
+// The 16 lanes of each of d[0..15] added, as one vector of the 16 sums (in order): a
+// transposed tree of 30 shuffles, where a reduction apiece takes 4 each (64).
+inline fVec reduce16(const __m512* d) {
+  __m512 t[8];  // per 128-bit lane: partials of rows 2p, 2p + 1, interleaved
+  for (int p = 0; p < 8; ++p) {
+    t[p] = _mm512_add_ps(_mm512_unpacklo_ps(d[2 * p], d[2 * p + 1]),
+                         _mm512_unpackhi_ps(d[2 * p], d[2 * p + 1]));
+  }
+  __m512 w[4];  // per lane: one partial of each of rows 4h .. 4h + 3
+  for (int h = 0; h < 4; ++h) {
+    w[h] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * h], t[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(t[2 * h], t[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  __m512 z[2];  // lanes: rows 8g .. 8g + 3 twice (halves), rows 8g + 4 .. 8g + 7 twice
+  for (int g = 0; g < 2; ++g) {
+    z[g] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * g], w[2 * g + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(w[2 * g], w[2 * g + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  return fVec(_mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1))));
+}
+#endif
+
 // One part of a decode task's keys, [k_begin, k_end) (a task split so that a step of few
 // sequences and KV heads still spreads over the threads); partial: its rows' unnormalised
 // results, HEAD_SIZE + 2 floats a row.
@@ -75,6 +99,35 @@ struct AttentionTask {
     }
   }
 
+#ifdef CPU_CAPABILITY_AVX512
+  // K rows j .. j + 15 of the task's KV head, in fp32, into keys (HEAD_SIZE floats each).
+  void load_key_block(const Task& task, int64_t j, float* keys) const {
+    for (int b = 0; b < 16; ++b) {
+      const T* src = cache_row(key_cache, task.kv_head, j + b);
+      for (int v = 0; v < kVecs; ++v) {
+        load_float(src + v * kVecSize).store(keys + b * HEAD_SIZE + v * kVecSize);
+      }
+    }
+  }
+
+  // dst[b] = q . key b of a block (load_key_block), b < 16: the 16 dot products' lanes added in
+  // one reduction tree instead of a horizontal reduction per key (paired on 2-core Zen 4,
+  // SmolLM2's heads, 256 keys: a decode step 1.09x, a 5-token verification 1.13x, batch 8
+  // even).
+  static void score_block(const fVec* q, const float* keys, float* dst) {
+    __m512 dots[16];
+    for (int b = 0; b < 16; ++b) {
+      const float* k = keys + b * HEAD_SIZE;
+      fVec dot = q[0] * fVec::loadu(k);
+      for (int v = 1; v < kVecs; ++v) {
+        dot = at::vec::fmadd(q[v], fVec::loadu(k + v * kVecSize), dot);
+      }
+      dots[b] = dot;
+    }
+    reduce16(dots).store(dst);
+  }
+#endif
+
   // A task of R <= 4 rows (a decode step's GQA group, or a short verification with one KV
   // head per query head): the scaled queries and the weighted sums stay in registers over all
   // keys, instead of being reloaded (and the sums stored back) for every key. part: one part
@@ -105,7 +158,18 @@ struct AttentionTask {
       for (int v = 0; v < kVecs; ++v) dst[v] = load_float(src + v * kVecSize);
     };
     scores.resize(R * width);
-    for (int64_t j = k0; j < k1; ++j) {
+    int64_t j = k0;
+#ifdef CPU_CAPABILITY_AVX512
+    {  // keys every row sees, 16 at a time (score_block)
+      const int64_t seen_by_all = std::min(k1, first_visible);
+      float keys[16 * HEAD_SIZE];
+      for (; j + 16 <= seen_by_all; j += 16) {
+        load_key_block(task, j, keys);
+        for (int r = 0; r < R; ++r) score_block(q[r], keys, scores.data() + r * width + j - k0);
+      }
+    }
+#endif
+    for (; j < k1; ++j) {
       fVec kv[kVecs];
       load_row(key_cache, j, kv);
       const int64_t seen_from = first_row(j);
@@ -206,7 +270,23 @@ struct AttentionTask {
       }
     }
     // scores[r, j] = q_r . k_j for every visible j; each K row is loaded once.
-    for (int64_t j = k0; j < k1; ++j) {
+    int64_t j = k0;
+#ifdef CPU_CAPABILITY_AVX512
+    {  // keys every row sees, 16 at a time (score_block)
+      const int64_t seen_by_all = std::min(k1, first_visible);
+      float keys[16 * HEAD_SIZE];
+      for (; j + 16 <= seen_by_all; j += 16) {
+        load_key_block(task, j, keys);
+        for (int64_t r = 0; r < rows; ++r) {
+          fVec qr[kVecs];
+          const float* src = q_rows.data() + r * HEAD_SIZE;
+          for (int v = 0; v < kVecs; ++v) qr[v] = fVec::loadu(src + v * kVecSize);
+          score_block(qr, keys, scores.data() + r * width + j - k0);
+        }
+      }
+    }
+#endif
+    for (; j < k1; ++j) {
       const T* k = cache_row(key_cache, task.kv_head, j);
       fVec kv[kVecs];
       for (int v = 0; v < kVecs; ++v) kv[v] = load_float(k + v * kVecSize);
