@@ -128,6 +128,28 @@ struct AttentionTask {
   }
 #endif
 
+  // The scores of the keys every row sees (j < first_visible), 16 at a time (score_block):
+  // scores[r * width + j - k0] for rows r < rows and j from k0 up to the returned key, where the
+  // per-key loop takes over (k0 without AVX-512). query_row(r, out): row r's scaled query.
+  template <typename QueryRow>
+  int64_t score_blocks(const Task& task, int64_t k0, int64_t k1, int64_t first_visible,
+                       int64_t rows, int64_t width, float* scores, QueryRow&& query_row) const {
+    int64_t j = k0;
+#ifdef CPU_CAPABILITY_AVX512
+    const int64_t seen_by_all = std::min(k1, first_visible);
+    float keys[16 * HEAD_SIZE];
+    for (; j + 16 <= seen_by_all; j += 16) {
+      load_key_block(task, j, keys);
+      for (int64_t r = 0; r < rows; ++r) {
+        fVec q[kVecs];
+        query_row(r, q);
+        score_block(q, keys, scores + r * width + j - k0);
+      }
+    }
+#endif
+    return j;
+  }
+
   // A task of R <= 4 rows (a decode step's GQA group, or a short verification with one KV
   // head per query head): the scaled queries and the weighted sums stay in registers over all
   // keys, instead of being reloaded (and the sums stored back) for every key. part: one part
@@ -158,17 +180,10 @@ struct AttentionTask {
       for (int v = 0; v < kVecs; ++v) dst[v] = load_float(src + v * kVecSize);
     };
     scores.resize(R * width);
-    int64_t j = k0;
-#ifdef CPU_CAPABILITY_AVX512
-    {  // keys every row sees, 16 at a time (score_block)
-      const int64_t seen_by_all = std::min(k1, first_visible);
-      float keys[16 * HEAD_SIZE];
-      for (; j + 16 <= seen_by_all; j += 16) {
-        load_key_block(task, j, keys);
-        for (int r = 0; r < R; ++r) score_block(q[r], keys, scores.data() + r * width + j - k0);
-      }
-    }
-#endif
+    int64_t j = score_blocks(task, k0, k1, first_visible, R, width, scores.data(),
+                             [&](int64_t r, fVec* out) {
+                               for (int v = 0; v < kVecs; ++v) out[v] = q[r][v];
+                             });
     for (; j < k1; ++j) {
       fVec kv[kVecs];
       load_row(key_cache, j, kv);
@@ -270,22 +285,13 @@ struct AttentionTask {
       }
     }
     // scores[r, j] = q_r . k_j for every visible j; each K row is loaded once.
-    int64_t j = k0;
-#ifdef CPU_CAPABILITY_AVX512
-    {  // keys every row sees, 16 at a time (score_block)
-      const int64_t seen_by_all = std::min(k1, first_visible);
-      float keys[16 * HEAD_SIZE];
-      for (; j + 16 <= seen_by_all; j += 16) {
-        load_key_block(task, j, keys);
-        for (int64_t r = 0; r < rows; ++r) {
-          fVec qr[kVecs];
-          const float* src = q_rows.data() + r * HEAD_SIZE;
-          for (int v = 0; v < kVecs; ++v) qr[v] = fVec::loadu(src + v * kVecSize);
-          score_block(qr, keys, scores.data() + r * width + j - k0);
-        }
-      }
-    }
-#endif
+    int64_t j = score_blocks(task, k0, k1, first_visible, rows, width, scores.data(),
+                             [&](int64_t r, fVec* out) {
+                               const float* src = q_rows.data() + r * HEAD_SIZE;
+                               for (int v = 0; v < kVecs; ++v) {
+                                 out[v] = fVec::loadu(src + v * kVecSize);
+                               }
+                             });
     for (; j < k1; ++j) {
       const T* k = cache_row(key_cache, task.kv_head, j);
       fVec kv[kVecs];
