@@ -145,17 +145,14 @@ VLLM_BF16_TARGET inline void row_bf16(c10::BFloat16* out, int64_t ldo, const c10
                                  (__m512bh)_mm512_maskz_loadu_epi16(mask, x + i * ldx + k));
     }
   }
+  float sums[MB];
   if constexpr (MB == 8) {
-    float sums[8];
     reduce8(acc0, acc1, sums);
-    for (int i = 0; i < MB; ++i) {
-      const float sum = sums[i] + (bias != nullptr ? static_cast<float>(bias[n]) : 0.f);
-      out[i * ldo + n] = static_cast<c10::BFloat16>(sum);
-    }
-    return;
+  } else {
+    for (int i = 0; i < MB; ++i) sums[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
   }
   for (int i = 0; i < MB; ++i) {
-    float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
+    float sum = sums[i];
     if (bias != nullptr) sum += static_cast<float>(bias[n]);
     out[i * ldo + n] = static_cast<c10::BFloat16>(sum);
   }

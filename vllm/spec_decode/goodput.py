@@ -272,26 +272,31 @@ class GoodputController:
         """The engine's acceptance: the chance a judged draft is accepted (geometric fit)."""
         return self.engine_acceptance.estimate(self.prior_acceptance, self.prior_weight)
 
+    def _proposal_costs(self, batch: int) -> Optional[tuple[float, float]]:
+        """(t_first, t_draft) of a proposal for batch requests, t_first read as one draft
+        forward until measured; None while the draft forward is unmeasured."""
+        draft = self.t_draft.estimate(batch)
+        if draft is None:
+            return None
+        first = self.t_first.estimate(batch)
+        return (draft if first is None else first), draft
+
     def propose_seconds(self, k: int, batch: int) -> float:
         """Modelled seconds of a proposal of k drafts for batch requests: t_first plus k - 1
         later forwards. Unmeasured drafting is taken as free, so that it is tried until a
         proposal made while the drafter was caught up has measured it (once per engine:
         afterwards the curves cover every batch size)."""
-        if k == 0:
+        costs = self._proposal_costs(batch)
+        if k == 0 or costs is None:
             return 0.0
-        draft = self.t_draft.estimate(batch)
-        if draft is None:
-            return 0.0
-        first = self.t_first.estimate(batch)
-        return (draft if first is None else first) + (k - 1) * draft
+        return costs[0] + (k - 1) * costs[1]
 
     def propose_seconds_by_k(self, batch: int) -> list[float]:
         """propose_seconds(k, batch) for k = 0..max_k, the estimates read once."""
-        draft = self.t_draft.estimate(batch)
-        if draft is None:
+        costs = self._proposal_costs(batch)
+        if costs is None:
             return [0.0] * (self.max_k + 1)
-        first = self.t_first.estimate(batch)
-        first = draft if first is None else first
+        first, draft = costs
         return [0.0] + [first + (k - 1) * draft for k in range(1, self.max_k + 1)]
 
     def step_seconds_by_k(self, batch: int) -> Optional[list[float]]:

@@ -19,8 +19,8 @@ Speculation's rate belongs to the requests it was measured on (their acceptance)
 them remains (at batch 1, the next request) it is measured afresh and a veto lapses.
 (Measured on the H200, trained 7B pair, batch 1 offline: without that, the veto of a request
 the draft could not follow ran on into the next requests, and the controller reached 1.52x
-plain against 1.65x for the best fixed k.) Decisions
-change only how fast tokens come, never which."""
+plain against 1.65x for the best fixed k.) Decisions change only how fast tokens come, never
+which."""
 import math
 from collections import deque
 from typing import Optional, Sequence

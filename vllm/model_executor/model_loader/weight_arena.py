@@ -22,7 +22,7 @@ def pack_weights(model: nn.Module) -> int:
             groups.setdefault(p.dtype, []).append(p)
     packed = 0
     for dtype, params in groups.items():
-        item = torch.empty((), dtype=dtype).element_size()
+        item = params[0].element_size()
         step = max(1, ALIGN_BYTES // item)
         sizes = [-(-p.numel() // step) * step for p in params]
         arena = torch.empty(sum(sizes), dtype=dtype)
