@@ -76,7 +76,7 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int) -> list[floa
 
 def gemm_ms(model: torch.nn.Module, rows: int, path: str, repeats: int = 9) -> float:
     """The step's matmuls alone (every linear weight and the logits' once, `rows` rows), back to
-    back, through the path's GEMM (fused: linear_small up to GEMV_MAX_ROWS rows): the part of a
+    back, through the path's GEMM (fused: linear_small, which picks its GEMV, tiles or torch's GEMM): the part of a
     forward that is the weight bytes."""
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
     if getattr(model, "tie_word_embeddings", False):
@@ -86,7 +86,7 @@ def gemm_ms(model: torch.nn.Module, rows: int, path: str, repeats: int = 9) -> f
 
     def run():
         for w in weights:
-            if path == "fused" and rows <= cpu_decode.GEMV_MAX_ROWS:
+            if path == "fused" and rows <= cpu_decode.MAX_ROWS:
                 ops.linear_small(outs[id(w)], xs[w.shape[1]], w, None)
             else:
                 F.linear(xs[w.shape[1]], w)

@@ -19,29 +19,6 @@ struct Task {
   int64_t seq, kv_head, q_begin, q_end;  // query tokens [q_begin, q_end) of sequence seq
 };
 
-#ifdef CPU_CAPABILITY_AVX512
-// The 16 lanes of each of d[0..15] added, as one vector of the 16 sums (in order): a
-// transposed tree of 30 shuffles, where a reduction apiece takes 4 each (64).
-inline fVec reduce16(const __m512* d) {
-  __m512 t[8];  // per 128-bit lane: partials of rows 2p, 2p + 1, interleaved
-  for (int p = 0; p < 8; ++p) {
-    t[p] = _mm512_add_ps(_mm512_unpacklo_ps(d[2 * p], d[2 * p + 1]),
-                         _mm512_unpackhi_ps(d[2 * p], d[2 * p + 1]));
-  }
-  __m512 w[4];  // per lane: one partial of each of rows 4h .. 4h + 3
-  for (int h = 0; h < 4; ++h) {
-    w[h] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * h], t[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(t[2 * h], t[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  }
-  __m512 z[2];  // lanes: rows 8g .. 8g + 3 twice (halves), rows 8g + 4 .. 8g + 7 twice
-  for (int g = 0; g < 2; ++g) {
-    z[g] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * g], w[2 * g + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_f32x4(w[2 * g], w[2 * g + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  }
-  return fVec(_mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                            _mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1))));
-}
-#endif
 
 // One part of a decode task's keys, [k_begin, k_end) (a task split so that a step of few
 // sequences and KV heads still spreads over the threads); partial: its rows' unnormalised
@@ -124,7 +101,7 @@ struct AttentionTask {
       }
       dots[b] = dot;
     }
-    reduce16(dots).store(dst);
+    fVec(reduce16(dots)).store(dst);
   }
 #endif
 

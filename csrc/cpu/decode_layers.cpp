@@ -3,7 +3,7 @@
 // rotary, cache write, paged attention, o linear, fused add + rms_norm, gate/up linear,
 // silu_and_mul, down linear; then the final norm. The same kernels the per-op path calls, without
 // a Python round trip and dispatcher call per op: the step costs its weight bytes. The linears are
-// linear_small's GEMV up to kGemvMaxRows rows and torch's GEMM above.
+// linear_small's (linear_rows: its GEMV or register tiles where they pay, else torch's GEMM).
 #include "cpu/linear.h"
 #include "cpu/vec.h"
 #include "ops.h"
@@ -12,30 +12,6 @@ namespace vllm_cpu {
 namespace {
 
 constexpr int64_t kTensorsPerLayer = 7;  // ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w, down_w
-
-// Rows up to which linear_small's GEMV beats torch's GEMM (oneDNN) on bf16 and fp32 weights:
-// with the weights walked in address order, 2-3x faster at 1-4 rows, 1.3-2.2x at 8, about even
-// at 16 (AVX512_BF16 Zen 4, 1-2 threads; benchmarks/RESULTS.md); above it the GEMM's blocking wins.
-constexpr int64_t kGemvMaxRows = 8;
-
-void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
-            const at::Tensor* bias) {
-  if (input.size(0) > kGemvMaxRows) {
-    if (bias != nullptr) {
-      at::addmm_out(out, *bias, input, weight.t());
-    } else {
-      at::mm_out(out, input, weight.t());
-    }
-    return;
-  }
-  VLLM_CPU_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "decode_layers", [&] {
-    linear_small_impl<scalar_t>(out.data_ptr<scalar_t>(), out.stride(0),
-                                input.data_ptr<scalar_t>(), input.stride(0),
-                                weight.data_ptr<scalar_t>(),
-                                bias != nullptr ? bias->data_ptr<scalar_t>() : nullptr,
-                                input.size(0), weight.size(0), weight.size(1));
-  });
-}
 
 void check_weight(const at::Tensor& w, int64_t rows, int64_t cols, const at::Tensor& like,
                   const char* name, int64_t layer) {
@@ -85,7 +61,7 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
       fused_add_rms_norm(x, residual, w[0], epsilon);
     }
     at::Tensor qkv = at::empty({m, qkv_w.size(0)}, opts);
-    linear(qkv, x, qkv_w, qkv_b);
+    linear_rows(qkv, x, qkv_w, qkv_b);
     at::Tensor q = qkv.narrow(1, 0, q_size);
     at::Tensor k = qkv.narrow(1, q_size, kv_size);
     at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size);
@@ -98,14 +74,14 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
     paged_attention(attn, q3, kc, vc, block_tables, context_lens, query_start_loc,
                     max_context_len, scale);
     at::Tensor attn2 = attn.view({m, q_size});
-    linear(x, attn2, w[3], nullptr);
+    linear_rows(x, attn2, w[3], nullptr);
     fused_add_rms_norm(x, residual, w[4], epsilon);
     const at::Tensor& gate_up_w = w[5];
     at::Tensor gate_up = at::empty({m, gate_up_w.size(0)}, opts);
-    linear(gate_up, x, gate_up_w, nullptr);
+    linear_rows(gate_up, x, gate_up_w, nullptr);
     at::Tensor act = at::empty({m, gate_up_w.size(0) / 2}, opts);
     silu_and_mul(act, gate_up);
-    linear(x, act, w[6], nullptr);
+    linear_rows(x, act, w[6], nullptr);
   }
   fused_add_rms_norm(x, residual, final_norm, epsilon);
 }

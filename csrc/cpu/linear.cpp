@@ -23,6 +23,9 @@ namespace vllm_cpu {
 namespace {
 
 constexpr int kTileM = 4;  // input rows per pass over a weight row (accumulators in registers)
+// Rows up to which the GEMV beats torch's GEMM (oneDNN) on fp32 weights and on bf16 without
+// AVX512_BF16 (2-3x faster at 1-4 rows, 1.3-2.2x at 8, about even at 16; benchmarks/RESULTS.md).
+constexpr int64_t kGemvMaxRows = 8;
 // With 2+ input rows the dot products of a weight row take longer than its bytes, and the
 // hardware prefetcher alone fell behind: a software prefetch this far ahead of the weight read
 // took 4 rows x 32000 x 576 bf16 from 9.6 to 15 GB/s on one core (no change at 1 row).
@@ -88,6 +91,17 @@ inline void row_all(T* out, int64_t ldo, const float* x, int64_t ldx, const T* w
 
 #ifdef VLLM_BF16_DOT
 #define VLLM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+// Input rows from which a bf16 step runs on register tiles (tile_bf16) of kTileN weight rows x
+// kTileRows input rows (fewer rows left over: a tile of as many). Fewer rows take row_bf16's one
+// stream a weight row (or two, row_pair_bf16). Paired on the 2-core Zen 4, SmolLM2-135M and
+// Qwen2.5-0.5B forwards: 4 x 6 as fast as or faster than 3 x 8, 4 x 5, 4 x 4 and 2 x 8 at 4, 5,
+// 6, 8 and 20 rows; against row_bf16 even (SmolLM2) to 1.14x (Qwen) at 4 rows, 1.2-1.4x at 6-8
+// (benchmarks/RESULTS.md, "register tiles").
+constexpr int kTileN = 4;
+constexpr int kTileRows = 6;
+constexpr int64_t kTileMinRows = 4;
+constexpr int64_t kTileMaxRows = 32;  // the most rows linear_rows gives the tiles
 
 // sums[i] = the 16 lanes of a[i] + b[i] added, i < 8, in one transposed tree (15 shuffles for
 // the 8 sums, where a reduction apiece takes 4 each): per 128-bit lane, pairs of rows
@@ -260,6 +274,100 @@ VLLM_BF16_TARGET void pair_all_bf16(c10::BFloat16* out, int64_t ldo, const c10::
   }
 }
 
+// NR weight rows (n0 ..) against MR input rows (m0 ..), register-blocked: one accumulator per
+// (weight row, input row), so a loaded weight vector serves MR input rows and an input vector NR
+// weight rows. row_bf16 loads an input vector per multiply-add, and from 4 rows on those loads,
+// not the weight bytes, bound it (2-core Zen 4: 155-200 GFLOP/s at 8-20 rows, where the
+// multiply-adds alone would run at ~470). prefetch_next: the first pass over these rows prefetches
+// the next NR rows (the next tile's bytes, in address order) into L2, one line per weight row
+// and 32 columns, so the weights stream while the tile computes; into L1 instead, they evicted
+// the input rows the tile re-reads (2 x 8 tiles, 8 rows of a 467 MB matrix: 1.0x the GEMV,
+// against 1.7x), and prefetching 2, 4 or 8 tiles ahead measured the same as 1.
+template <int NR, int MR>
+VLLM_BF16_TARGET inline void tile_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
+                                       int64_t ldx, const c10::BFloat16* w,
+                                       const c10::BFloat16* bias, int64_t k_dim, int64_t n0,
+                                       int64_t m0, bool prefetch_next) {
+  static_assert(NR * MR <= 24, "NR x MR accumulators, NR weights and an input in 32 registers");
+  __m512 acc[NR * MR];
+  for (int a = 0; a < NR * MR; ++a) acc[a] = _mm512_setzero_ps();
+  const c10::BFloat16* wr = w + n0 * k_dim;
+  const c10::BFloat16* next = wr + NR * k_dim;
+  const c10::BFloat16* xr = x + m0 * ldx;
+  int64_t k = 0;
+  for (; k + 32 <= k_dim; k += 32) {
+    if (prefetch_next) {
+      for (int r = 0; r < NR; ++r) __builtin_prefetch(next + k * NR + r * 32, 0, 1);
+    }
+    __m512bh wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(wr + r * k_dim + k);
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(xr + i * ldx + k);
+      for (int r = 0; r < NR; ++r) acc[i * NR + r] = _mm512_dpbf16_ps(acc[i * NR + r], wv[r], xv);
+    }
+  }
+  if (k < k_dim) {
+    const __mmask32 mask = (__mmask32(1) << (k_dim - k)) - 1;
+    __m512bh wv[NR];
+    for (int r = 0; r < NR; ++r) {
+      wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, wr + r * k_dim + k);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, xr + i * ldx + k);
+      for (int r = 0; r < NR; ++r) acc[i * NR + r] = _mm512_dpbf16_ps(acc[i * NR + r], wv[r], xv);
+    }
+  }
+  // the sums 16 at a time in one transposed tree (reduce16: 30 shuffles, where a reduction
+  // apiece takes 4 each); the copy keeps acc out of memory inside the loop
+  constexpr int kGroups = (NR * MR + 15) / 16;
+  float sums[kGroups * 16];
+  for (int g = 0; g < kGroups; ++g) {
+    __m512 part[16];
+    for (int a = 0; a < 16; ++a) {
+      part[a] = g * 16 + a < NR * MR ? acc[g * 16 + a] : _mm512_setzero_ps();
+    }
+    _mm512_storeu_ps(sums + g * 16, reduce16(part));
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int r = 0; r < NR; ++r) {
+      float sum = sums[i * NR + r];
+      if (bias != nullptr) sum += static_cast<float>(bias[n0 + r]);
+      out[(m0 + i) * ldo + n0 + r] = static_cast<c10::BFloat16>(sum);
+    }
+  }
+}
+
+// tile_bf16<NR, rows> for the rows < MR left over (R counts down to rows).
+template <int NR, int R>
+VLLM_BF16_TARGET inline void tile_rest(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
+                                       int64_t ldx, const c10::BFloat16* w,
+                                       const c10::BFloat16* bias, int64_t k_dim, int64_t n0,
+                                       int64_t m0, int64_t rows) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      tile_bf16<NR, R>(out, ldo, x, ldx, w, bias, k_dim, n0, m0, m0 == 0);
+    } else {
+      tile_rest<NR, R - 1>(out, ldo, x, ldx, w, bias, k_dim, n0, m0, rows);
+    }
+  }
+}
+
+// Weight rows [n, end) against all m_dim input rows: NR weight rows at a time, each group against
+// MR input rows at a time (its rows re-read from cache after the first pass); n is left at the
+// first of the fewer than NR rows that remain.
+template <int NR, int MR>
+VLLM_BF16_TARGET void tiles_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
+                                 int64_t ldx, const c10::BFloat16* w, const c10::BFloat16* bias,
+                                 int64_t m_dim, int64_t k_dim, int64_t& n, int64_t end) {
+  for (; n + NR <= end; n += NR) {
+    int64_t m = 0;
+    for (; m + MR <= m_dim; m += MR) {
+      tile_bf16<NR, MR>(out, ldo, x, ldx, w, bias, k_dim, n, m, m == 0);
+    }
+    tile_rest<NR, MR - 1>(out, ldo, x, ldx, w, bias, k_dim, n, m, m_dim - m);
+  }
+}
+
 // VLLM_CPU_GEMV_STREAMS (read at every call): 2 (default) reads the block of weight rows of a
 // GEMV of 1 or 2 input rows as two streams, its two halves side by side; 1 as one.
 int gemv_streams() {
@@ -277,6 +385,9 @@ void linear_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_
   const bool pairs = m_dim <= 2 && gemv_streams() == 2;
   at::parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
     int64_t n = begin;
+    if (m_dim >= kTileMinRows) {
+      tiles_bf16<kTileN, kTileRows>(out, ldo, x, ldx, w, bias, m_dim, k_dim, n, end);
+    }
     if (pairs) {
       const int64_t half = (end - begin) / 2;
       for (int64_t i = 0; i < half; ++i) {
@@ -340,17 +451,40 @@ template void linear_small_impl<c10::BFloat16>(c10::BFloat16*, int64_t, const c1
                                                int64_t, const c10::BFloat16*,
                                                const c10::BFloat16*, int64_t, int64_t, int64_t);
 
-void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
-                  const std::optional<at::Tensor>& bias) {
-  const at::Tensor* b = bias.has_value() && bias->defined() ? &*bias : nullptr;
-  vllm::check_linear_small_args(out, input, weight, b);
+bool linear_small_pays(at::ScalarType dtype, int64_t rows) {
+  if (rows <= kGemvMaxRows) return true;
+#ifdef VLLM_BF16_DOT
+  return dtype == at::kBFloat16 && has_bf16_dot() && rows <= kTileMaxRows;
+#else
+  (void)dtype;
+  return false;
+#endif
+}
+
+void linear_rows(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                 const at::Tensor* bias) {
+  if (!linear_small_pays(weight.scalar_type(), input.size(0))) {
+    if (bias != nullptr) {
+      at::addmm_out(out, *bias, input, weight.t());
+    } else {
+      at::mm_out(out, input, weight.t());
+    }
+    return;
+  }
   VLLM_CPU_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "linear_small", [&] {
     linear_small_impl<scalar_t>(out.data_ptr<scalar_t>(), out.stride(0),
                                 input.data_ptr<scalar_t>(), input.stride(0),
                                 weight.data_ptr<scalar_t>(),
-                                b != nullptr ? b->data_ptr<scalar_t>() : nullptr, input.size(0),
-                                weight.size(0), weight.size(1));
+                                bias != nullptr ? bias->data_ptr<scalar_t>() : nullptr,
+                                input.size(0), weight.size(0), weight.size(1));
   });
+}
+
+void linear_small(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                  const std::optional<at::Tensor>& bias) {
+  const at::Tensor* b = bias.has_value() && bias->defined() ? &*bias : nullptr;
+  vllm::check_linear_small_args(out, input, weight, b);
+  linear_rows(out, input, weight, b);
 }
 
 }  // namespace vllm_cpu

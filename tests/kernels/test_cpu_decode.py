@@ -19,7 +19,10 @@ BLOCK = 16
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 12, 14, 32])
+# m: the one- and two-stream GEMV (1-3), bf16's 4 x 6 register tiles with every count of rows
+# left over (4-9, 11, 12, 14, 16, 19, 32; fp32 above 8 rows: torch's GEMM, which linear_small
+# hands those to)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 14, 16, 19, 32])
 # k: whole 2-vector steps (256, 576), one more vector plus a tail (100), a vector and a half
 # (48), tails only (17, 1); n: not a multiple of any tile (13, 257), one row (1)
 @pytest.mark.parametrize("n,k", [(768, 256), (13, 100), (1, 17), (257, 576), (33, 48), (7, 1)])
@@ -35,7 +38,7 @@ def test_linear_small(dtype, m, n, k, bias):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 4, 8])
+@pytest.mark.parametrize("m", [1, 4, 8, 13])
 def test_linear_small_strided_rows(dtype, m):
     """Input and out rows inside wider buffers (row stride > features), as decode_layers passes."""
     torch.manual_seed(m)

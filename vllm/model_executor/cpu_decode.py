@@ -1,7 +1,8 @@
 """The CPU decode path: a step of few rows (a draft step, a drafted batch, a CPU target's decode)
 runs every decoder layer in one vllm._C call (decode_layers), so it costs the weight bytes rather
-than a Python and dispatcher round trip per op. Its matmuls, and the logits', are linear_small's
-GEMV (each weight streamed once for all rows) up to GEMV_MAX_ROWS rows and torch's GEMM above.
+than a Python and dispatcher round trip per op. Its matmuls, and the logits', are linear_small's:
+a GEMV (each weight streamed once for all rows) or register tiles where those beat torch's GEMM
+(bf16 on AVX512_BF16 up to MAX_ROWS rows, other dtypes up to 8), that GEMM elsewhere.
 The per-op path (the model's own forward) stays the reference and runs wherever this one does
 not apply: other devices, more rows, other dtypes, biases beyond Qwen2's q/k/v, partial rotary."""
 from typing import Any, Optional
@@ -12,7 +13,6 @@ from vllm import _custom_ops as ops
 from vllm import envs
 
 MAX_ROWS = 32  # steps of more rows run the per-op path
-GEMV_MAX_ROWS = 8  # linear_small up to this many rows, torch's GEMM above (as in decode_layers)
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -25,8 +25,7 @@ def rows_apply(x: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x @ weight^T through linear_small when it applies, else F.linear."""
-    if (rows_apply(x) and x.shape[0] <= GEMV_MAX_ROWS and weight.dtype == x.dtype
-            and weight.is_contiguous()):
+    if rows_apply(x) and weight.dtype == x.dtype and weight.is_contiguous():
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
         ops.linear_small(out, x.contiguous(), weight, None)
         return out
