@@ -76,8 +76,8 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int) -> list[floa
 
 def gemm_ms(model: torch.nn.Module, rows: int, path: str, repeats: int = 9) -> float:
     """The step's matmuls alone (every linear weight and the logits' once, `rows` rows), back to
-    back, through the path's GEMM (fused: linear_small, which picks its GEMV, tiles or torch's GEMM): the part of a
-    forward that is the weight bytes."""
+    back, through the path's GEMM (fused: linear_small, which picks its GEMV, its register tiles
+    or torch's GEMM): the part of a forward that is the weight bytes."""
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
     if getattr(model, "tie_word_embeddings", False):
         weights.append(model.model.embed_tokens.weight.detach())

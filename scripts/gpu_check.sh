@@ -33,9 +33,10 @@
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
 #   (the next lease's plan: the AMX tile path of the CPU linear, never yet run on an AMX host:
 #   `python3 -m pytest tests/kernels/test_cpu_decode.py` (its VLLM_CPU_AMX settings against the
-#   reference), `python3 benchmarks/lab/cpu_gemm_lab.py --threads 4,8,16 --rows 1,2,4,8,16
-#   --passes 5 --reps 3` (GEMV, AMX and oneDNN in turns), then `VLLM_CPU_AMX=auto
-#   DRAFT_THREADS=4,8,16 DRAFT_PATHS=fused ... draft` (issue 10's batch 8 / batch 1); then a
+#   reference), `python3 benchmarks/lab/cpu_gemm_lab.py --threads 4,8,16 --rows 1,2,4,8,16,20
+#   --passes 5 --reps 3` (linear_small: the GEMV and, from 4 rows, the AVX512_BF16 register
+#   tiles; AMX; oneDNN; in turns), then `VLLM_CPU_AMX=0` and `=auto DRAFT_THREADS=4,8,16
+#   DRAFT_PATHS=fused ... draft` (issue 10's batch 8 / batch 1, tiles against AMX); then a
 #   never-accepted draft (GOODPUT_BATCHES="1 8 32" GOODPUT_MODES="plain spec-spinauto") and the
 #   7B and 13B pairs (PAIR_KS=4,6,8 PAIR_ADAPTIVE=1 PAIR_ROUNDS=2, the 13B into another
 #   OUT_DIR: the stage writes /tmp/pair7b and spec_pair7b.json whatever the shape) at the final

@@ -43,7 +43,7 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_CPU_KVCACHE_SPACE": (float, 4.0, "GiB of host memory for a CPU KV cache"),
     "VLLM_CPU_NUM_THREADS": (int, 0, "threads for CPU work; 0 keeps torch's default"),
     "VLLM_CPU_DECODE_PATH": (str.lower, "fused",
-                             "CPU steps of at most 32 rows: fused (one decode_layers call per "
+                             "CPU steps of at most 64 rows: fused (one decode_layers call per "
                              "step) or native (one op per layer piece, the reference)"),
     "VLLM_CPU_GEMV_STREAMS": (_one_of("1", "2"), "2",
                               "the CPU GEMV of 1 or 2 rows in bf16 (read by the kernel at each "

@@ -1,5 +1,6 @@
-"""Which is fastest for a small draft's decode step on this CPU, bf16, at 1-16 input rows: our
-GEMV (ops.linear_small with VLLM_CPU_AMX=0: each weight streamed once for all rows), our AMX tile
+"""Which is fastest for a small draft's decode step on this CPU, bf16, at 1-20 input rows: our
+linear_small with VLLM_CPU_AMX=0 (path "gemv": the GEMV, each weight streamed once for all rows,
+and from 4 rows, where the CPU has AVX512_BF16, its register tiles), our AMX tile
 kernel (linear_small with VLLM_CPU_AMX=all; the GEMV again where the CPU lacks AMX) or torch's
 GEMM (F.linear: oneDNN, AMX tiles where the CPU has them)? One step is every matrix of the model
 (qkv, o, gate_up, down of each layer and the LM head), timed through each path, the paths taking

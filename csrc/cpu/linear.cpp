@@ -101,7 +101,7 @@ inline void row_all(T* out, int64_t ldo, const float* x, int64_t ldx, const T* w
 constexpr int kTileN = 4;
 constexpr int kTileRows = 6;
 constexpr int64_t kTileMinRows = 4;
-constexpr int64_t kTileMaxRows = 32;  // the most rows linear_rows gives the tiles
+constexpr int64_t kTileMaxRows = 64;  // the most rows linear_rows gives the tiles
 
 // sums[i] = the 16 lanes of a[i] + b[i] added, i < 8, in one transposed tree (15 shuffles for
 // the 8 sums, where a reduction apiece takes 4 each): per 128-bit lane, pairs of rows

@@ -11,7 +11,7 @@ void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T
                        const T* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim);
 
 // Whether linear_small_impl beats torch's GEMM at `rows` input rows of `dtype`: up to
-// kGemvMaxRows (8) rows always; bf16 on AVX512_BF16 up to kTileMaxRows (32, register tiles).
+// kGemvMaxRows (8) rows always; bf16 on AVX512_BF16 up to kTileMaxRows (64, register tiles).
 bool linear_small_pays(at::ScalarType dtype, int64_t rows);
 
 // out = input @ weight^T (+ bias) for [rows, in] tensors of contiguous rows: linear_small_impl

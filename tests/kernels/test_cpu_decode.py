@@ -1,6 +1,6 @@
 """The CPU decode path (linear_small, decode_layers) against the per-op reference: the model's own
 layers with F.linear, for Llama (GQA, MHA) and Qwen2 (q/k/v biases) shapes, fp32 and bf16, decode
-and verification batches of 1 to 32 rows; plus torch.library.opcheck of both ops."""
+and verification batches of 1 to 64 rows; plus torch.library.opcheck of both ops."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,9 +20,9 @@ BLOCK = 16
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # m: the one- and two-stream GEMV (1-3), bf16's 4 x 6 register tiles with every count of rows
-# left over (4-9, 11, 12, 14, 16, 19, 32; fp32 above 8 rows: torch's GEMM, which linear_small
-# hands those to)
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 14, 16, 19, 32])
+# left over (4-9, 11, 12, 14, 16, 19, 32, 64; fp32 above 8 rows and bf16 above 64: torch's
+# GEMM, which linear_small hands those to)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 14, 16, 19, 32, 64, 65])
 # k: whole 2-vector steps (256, 576), one more vector plus a tail (100), a vector and a half
 # (48), tails only (17, 1); n: not a multiple of any tile (13, 257), one row (1)
 @pytest.mark.parametrize("n,k", [(768, 256), (13, 100), (1, 17), (257, 576), (33, 48), (7, 1)])
@@ -182,9 +182,10 @@ def run(model, caches, md, ids, positions, path, monkeypatch):
 @pytest.mark.parametrize("context_lens,q_lens", [
     ([7], [1]),  # one draft step
     ([9, 30, 2], [1, 1, 2]),  # 4 rows
-    ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes: the GEMV's largest
-    ([20, 35, 5], [5, 5, 5]),  # verification of 4 drafts each (15 rows: torch's GEMM)
-    ([33] * 4 + [12] * 4, [4] * 8),  # 32 rows, the largest the path takes
+    ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes (bf16: register tiles)
+    ([20, 35, 5], [5, 5, 5]),  # verification of 4 drafts each (15 rows; fp32: torch's GEMM)
+    ([33] * 4 + [12] * 4, [4] * 8),  # 32 rows
+    ([30] * 8 + [9] * 8, [4] * 16),  # 64 rows, the largest the path takes
 ])
 def test_decode_layers_matches_per_op_path(shape, dtype, context_lens, q_lens, monkeypatch):
     model, config = make_model(shape, dtype)
@@ -215,7 +216,7 @@ def test_only_small_steps_take_the_fused_path(monkeypatch):
 
     monkeypatch.setattr(ops, "decode_layers", taken)
     for rows, fused in ((cpu_decode.MAX_ROWS + 1, False), (cpu_decode.MAX_ROWS, True)):
-        caches, md, positions = make_step(config, torch.float32, [40], [rows])
+        caches, md, positions = make_step(config, torch.float32, [rows + 8], [rows])
         ids = torch.zeros(rows, dtype=torch.long)
         if fused:
             with pytest.raises(Taken):

@@ -12,7 +12,9 @@ import torch
 from vllm import _custom_ops as ops
 from vllm import envs
 
-MAX_ROWS = 32  # steps of more rows run the per-op path
+# steps of more rows run the per-op path (at 40 and 64 rows, bf16, 2-core Zen 4, paired: this
+# path with the register tiles 1.05-1.15x faster than the per-op path with torch's GEMM)
+MAX_ROWS = 64
 DTYPES = (torch.float32, torch.bfloat16)
 
 
