@@ -19,7 +19,6 @@ struct Task {
   int64_t seq, kv_head, q_begin, q_end;  // query tokens [q_begin, q_end) of sequence seq
 };
 
-
 // One part of a decode task's keys, [k_begin, k_end) (a task split so that a step of few
 // sequences and KV heads still spreads over the threads); partial: its rows' unnormalised
 // results, HEAD_SIZE + 2 floats a row.
