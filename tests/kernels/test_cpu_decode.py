@@ -24,8 +24,10 @@ BLOCK = 16
 # GEMM, which linear_small hands those to)
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 14, 16, 19, 32, 64, 65])
 # k: whole 2-vector steps (256, 576), one more vector plus a tail (100), a vector and a half
-# (48), tails only (17, 1); n: not a multiple of any tile (13, 257), one row (1)
-@pytest.mark.parametrize("n,k", [(768, 256), (13, 100), (1, 17), (257, 576), (33, 48), (7, 1)])
+# (48), tails only (17, 1), long enough for the tiles at 4 rows with a tail (810); n: not a
+# multiple of any tile (13, 257, 37), one row (1)
+@pytest.mark.parametrize("n,k", [(768, 256), (13, 100), (1, 17), (257, 576), (33, 48), (7, 1),
+                                 (37, 810)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_small(dtype, m, n, k, bias):
     torch.manual_seed(m * n + k)
