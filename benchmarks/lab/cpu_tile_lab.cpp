@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 using bf16 = uint16_t;
@@ -26,13 +27,6 @@ static bf16 to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return static_cast<bf16>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
-
-static float to_float(bf16 h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 
 template <int NR, int MR>
@@ -60,14 +54,14 @@ static void rowmajor_tile(float* out, int64_t n_dim, const bf16* x, const bf16* 
   }
 }
 
-template <int R>
-static void rowmajor_rest(float* out, int64_t n_dim, const bf16* x, const bf16* w, int64_t k_dim,
-                          int64_t n0, int64_t m0, int64_t rows) {
+// f(std::integral_constant<int, rows>) for the rows (1 .. R) left over after the full tiles.
+template <int R, typename F>
+static void with_rows(int64_t rows, F&& f) {
   if constexpr (R > 0) {
     if (rows == R) {
-      rowmajor_tile<4, R>(out, n_dim, x, w, k_dim, n0, m0);
+      f(std::integral_constant<int, R>{});
     } else {
-      rowmajor_rest<R - 1>(out, n_dim, x, w, k_dim, n0, m0, rows);
+      with_rows<R - 1>(rows, f);
     }
   }
 }
@@ -78,7 +72,7 @@ static void rowmajor(float* out, const bf16* x, const bf16* w, int64_t m_dim, in
   for (int64_t n = 0; n < n_dim; n += 4) {
     int64_t m = 0;
     for (; m + 6 <= m_dim; m += 6) rowmajor_tile<4, 6>(out, n_dim, x, w, k_dim, n, m);
-    rowmajor_rest<5>(out, n_dim, x, w, k_dim, n, m, m_dim - m);
+    with_rows<5>(m_dim - m, [&](auto r) { rowmajor_tile<4, r()>(out, n_dim, x, w, k_dim, n, m); });
   }
 }
 
@@ -118,25 +112,13 @@ static void packed_tile(float* out, int64_t n_dim, const bf16* x, const bf16* p,
   }
 }
 
-template <int R>
-static void packed_rest(float* out, int64_t n_dim, const bf16* x, const bf16* p, int64_t k_dim,
-                        int64_t nb0, int64_t m0, int64_t rows) {
-  if constexpr (R > 0) {
-    if (rows == R) {
-      packed_tile<2, R>(out, n_dim, x, p, k_dim, nb0, m0);
-    } else {
-      packed_rest<R - 1>(out, n_dim, x, p, k_dim, nb0, m0, rows);
-    }
-  }
-}
-
 static void packed(float* out, const bf16* x, const bf16* p, int64_t m_dim, int64_t n_dim,
                    int64_t k_dim) {
 #pragma omp parallel for schedule(static)
   for (int64_t nb = 0; nb < n_dim / 16; nb += 2) {
     int64_t m = 0;
     for (; m + 12 <= m_dim; m += 12) packed_tile<2, 12>(out, n_dim, x, p, k_dim, nb, m);
-    packed_rest<11>(out, n_dim, x, p, k_dim, nb, m, m_dim - m);
+    with_rows<11>(m_dim - m, [&](auto r) { packed_tile<2, r()>(out, n_dim, x, p, k_dim, nb, m); });
   }
 }
 
@@ -180,6 +162,5 @@ int main() {
                   best[0] / best[1], err / ref);
     }
   }
-  (void)to_float;
   return 0;
 }
