@@ -282,7 +282,7 @@ VLLM_BF16_TARGET void pair_all_bf16(c10::BFloat16* out, int64_t ldo, const c10::
 // (weight row, input row), so a loaded weight vector serves MR input rows and an input vector NR
 // weight rows. row_bf16 loads an input vector per multiply-add, and from 4 rows on those loads,
 // not the weight bytes, bound it (2-core Zen 4: 155-200 GFLOP/s at 8-20 rows, where the
-// multiply-adds alone would run at ~470). prefetch_next: the first pass over these rows prefetches
+// multiply-adds alone would run at ~470). The first pass over these rows (m0 = 0) prefetches
 // the next NR rows (the next tile's bytes, in address order) into L2, one line per weight row
 // and 32 columns, so the weights stream while the tile computes; into L1 instead, they evicted
 // the input rows the tile re-reads (2 x 8 tiles, 8 rows of a 467 MB matrix: 1.0x the GEMV,
@@ -291,13 +291,14 @@ template <int NR, int MR>
 VLLM_BF16_TARGET inline void tile_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
                                        int64_t ldx, const c10::BFloat16* w,
                                        const c10::BFloat16* bias, int64_t k_dim, int64_t n0,
-                                       int64_t m0, bool prefetch_next) {
+                                       int64_t m0) {
   static_assert(NR * MR <= 24, "NR x MR accumulators, NR weights and an input in 32 registers");
   __m512 acc[NR * MR];
   for (int a = 0; a < NR * MR; ++a) acc[a] = _mm512_setzero_ps();
   const c10::BFloat16* wr = w + n0 * k_dim;
   const c10::BFloat16* next = wr + NR * k_dim;
   const c10::BFloat16* xr = x + m0 * ldx;
+  const bool prefetch_next = m0 == 0;
   int64_t k = 0;
   for (; k + 32 <= k_dim; k += 32) {
     if (prefetch_next) {
@@ -349,7 +350,7 @@ VLLM_BF16_TARGET inline void tile_rest(c10::BFloat16* out, int64_t ldo, const c1
                                        int64_t m0, int64_t rows) {
   if constexpr (R > 0) {
     if (rows == R) {
-      tile_bf16<NR, R>(out, ldo, x, ldx, w, bias, k_dim, n0, m0, m0 == 0);
+      tile_bf16<NR, R>(out, ldo, x, ldx, w, bias, k_dim, n0, m0);
     } else {
       tile_rest<NR, R - 1>(out, ldo, x, ldx, w, bias, k_dim, n0, m0, rows);
     }
@@ -366,7 +367,7 @@ VLLM_BF16_TARGET void tiles_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFl
   for (; n + NR <= end; n += NR) {
     int64_t m = 0;
     for (; m + MR <= m_dim; m += MR) {
-      tile_bf16<NR, MR>(out, ldo, x, ldx, w, bias, k_dim, n, m, m == 0);
+      tile_bf16<NR, MR>(out, ldo, x, ldx, w, bias, k_dim, n, m);
     }
     tile_rest<NR, MR - 1>(out, ldo, x, ldx, w, bias, k_dim, n, m, m_dim - m);
   }
@@ -408,6 +409,18 @@ bool has_bf16_dot() {
   return has;
 }
 #endif
+
+// Whether linear_small_impl beats torch's GEMM at `rows` input rows of `dtype`: up to
+// kGemvMaxRows (8) rows always; bf16 on AVX512_BF16 up to kTileMaxRows (64, register tiles).
+bool linear_small_pays(at::ScalarType dtype, int64_t rows) {
+  if (rows <= kGemvMaxRows) return true;
+#ifdef VLLM_BF16_DOT
+  return dtype == at::kBFloat16 && has_bf16_dot() && rows <= kTileMaxRows;
+#else
+  (void)dtype;
+  return false;
+#endif
+}
 
 }  // namespace
 
@@ -454,16 +467,6 @@ template void linear_small_impl<float>(float*, int64_t, const float*, int64_t, c
 template void linear_small_impl<c10::BFloat16>(c10::BFloat16*, int64_t, const c10::BFloat16*,
                                                int64_t, const c10::BFloat16*,
                                                const c10::BFloat16*, int64_t, int64_t, int64_t);
-
-bool linear_small_pays(at::ScalarType dtype, int64_t rows) {
-  if (rows <= kGemvMaxRows) return true;
-#ifdef VLLM_BF16_DOT
-  return dtype == at::kBFloat16 && has_bf16_dot() && rows <= kTileMaxRows;
-#else
-  (void)dtype;
-  return false;
-#endif
-}
 
 void linear_rows(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                  const at::Tensor* bias) {

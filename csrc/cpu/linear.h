@@ -10,10 +10,6 @@ template <typename T>
 void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T* weight,
                        const T* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim);
 
-// Whether linear_small_impl beats torch's GEMM at `rows` input rows of `dtype`: up to
-// kGemvMaxRows (8) rows always; bf16 on AVX512_BF16 up to kTileMaxRows (64, register tiles).
-bool linear_small_pays(at::ScalarType dtype, int64_t rows);
-
 // out = input @ weight^T (+ bias) for [rows, in] tensors of contiguous rows: linear_small_impl
 // where it pays, torch's GEMM elsewhere. What the linear_small op and decode_layers run.
 void linear_rows(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
