@@ -51,7 +51,8 @@ VLLM_KERNEL_DECLARATIONS
 // CPU only: a decode step of few rows in one call (cpu/decode_layers.cpp).
 /* hidden [num_tokens, hidden] (the embedded tokens) -> the final norm's output, in place, through
    every layer; weights: per layer ln1, qkv_w, qkv_b (empty: none), o_w, ln2, gate_up_w, down_w;
-   caches and attention metadata as for reshape_and_cache and paged_attention */
+   caches and attention metadata as for reshape_and_cache and paged_attention; packed: empty, or
+   per layer pack_linear's copies of qkv_w, o_w, gate_up_w, down_w (each may be empty) */
 void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
                    const std::vector<at::Tensor>& weights, const at::Tensor& final_norm,
                    const at::Tensor& cos_sin_cache, const std::vector<at::Tensor>& key_caches,
@@ -59,7 +60,12 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
                    const at::Tensor& block_tables, const at::Tensor& context_lens,
                    const at::Tensor& query_start_loc, int64_t max_context_len, int64_t num_heads,
                    int64_t num_kv_heads, int64_t head_size, double epsilon, double scale,
-                   bool is_neox);
+                   bool is_neox, const std::vector<at::Tensor>& packed);
+// CPU only: a weight's packed copy for the packed tiles (cpu/linear_packed.cpp; empty where this
+// CPU or dtype has none), and linear_small with it.
+at::Tensor pack_linear(const at::Tensor& weight);
+void linear_packed(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                   const at::Tensor& packed, const std::optional<at::Tensor>& bias);
 }  // namespace vllm_cpu
 
 #ifdef VLLM_WITH_CUDA

@@ -31,7 +31,9 @@ TORCH_LIBRARY(_C, m) {
       "Tensor cos_sin_cache, Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, "
       "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, Tensor query_start_loc, "
       "int max_context_len, int num_heads, int num_kv_heads, int head_size, float epsilon, "
-      "float scale, bool is_neox) -> ()");
+      "float scale, bool is_neox, Tensor[] packed) -> ()");
+  m.def("pack_linear(Tensor weight) -> Tensor");
+  m.def("linear_packed(Tensor! out, Tensor input, Tensor weight, Tensor packed, Tensor? bias) -> ()");
 }
 
 #define VLLM_REGISTER_KERNELS(m, ns)                          \
@@ -48,6 +50,8 @@ TORCH_LIBRARY(_C, m) {
 TORCH_LIBRARY_IMPL(_C, CPU, m) {
   VLLM_REGISTER_KERNELS(m, vllm_cpu);
   m.impl("decode_layers", &vllm_cpu::decode_layers);
+  m.impl("pack_linear", &vllm_cpu::pack_linear);
+  m.impl("linear_packed", &vllm_cpu::linear_packed);
 }
 
 #ifdef VLLM_WITH_CUDA

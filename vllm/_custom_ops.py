@@ -97,7 +97,7 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
 
 
 # CPU-only ops (no CUDA kernel): a decode step of few rows (vllm/model_executor/cpu_decode.py)
-CPU_OP_NAMES = ("decode_layers",)
+CPU_OP_NAMES = ("decode_layers", "pack_linear", "linear_packed")
 
 
 def linear_small(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
@@ -113,8 +113,26 @@ def decode_layers(hidden: torch.Tensor, positions: torch.Tensor, weights: list[t
                   slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                   context_lens: torch.Tensor, query_start_loc: torch.Tensor,
                   max_context_len: int, num_heads: int, num_kv_heads: int, head_size: int,
-                  epsilon: float, scale: float, is_neox: bool) -> None:
-    """Every decoder layer and the final norm over hidden (the embedded tokens), in place."""
+                  epsilon: float, scale: float, is_neox: bool,
+                  packed: "list[torch.Tensor] | None" = None) -> None:
+    """Every decoder layer and the final norm over hidden (the embedded tokens), in place.
+    packed: none, or per layer pack_linear's copies of qkv, o, gate_up and down."""
     _call("decode_layers", hidden.device, hidden, positions, weights, final_norm, cos_sin_cache,
           key_caches, value_caches, slot_mapping, block_tables, context_lens, query_start_loc,
-          max_context_len, num_heads, num_kv_heads, head_size, epsilon, scale, is_neox)
+          max_context_len, num_heads, num_kv_heads, head_size, epsilon, scale, is_neox,
+          packed or [])
+
+
+def pack_linear(weight: torch.Tensor) -> torch.Tensor:
+    """A CPU weight [N, K] repacked for linear_packed's tiles (bf16 on a CPU with AVX512_BF16; an
+    empty tensor elsewhere): [ceil(N / 16), ceil(K / 2) * 32], a column pair of 16 rows a vector."""
+    if not has_kernel("pack_linear", "cpu"):
+        return weight.new_empty(0)
+    return torch.ops._C.pack_linear(weight)
+
+
+def linear_packed(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                  packed: torch.Tensor, bias: "torch.Tensor | None" = None) -> None:
+    """linear_small, with weight's packed copy (pack_linear's; empty: none) for the row counts
+    where its tiles pay."""
+    _call("linear_packed", input.device, out, input, weight, packed, bias)

@@ -51,6 +51,11 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                               "by side, 1 as one stream (2-core Zen 4, SmolLM2-135M forward: "
                               "5% faster at 2 threads, 12% at 1; the GEMV at 2 rows 11-28% "
                               "faster; paired runs)"),
+    "VLLM_CPU_PACKED_WEIGHTS": (_flag, True,
+                                "bf16 CPU linears of the fused decode path (and the logits) "
+                                "also keep a copy of each weight packed for register tiles "
+                                "without horizontal sums, used from 8 rows where the CPU has "
+                                "AVX512_BF16: costs the linear weights' bytes again in memory"),
     "VLLM_CPU_AMX": (_one_of("0", "auto", "all"), "0",
                      "bf16 CPU linears of few rows on AMX tiles where the CPU has them (read by "
                      "the kernel at each call): 0 never (the AVX512 GEMV; the default until the "

@@ -3,7 +3,8 @@
 // rotary, cache write, paged attention, o linear, fused add + rms_norm, gate/up linear,
 // silu_and_mul, down linear; then the final norm. The same kernels the per-op path calls, without
 // a Python round trip and dispatcher call per op: the step costs its weight bytes. The linears are
-// linear_small's (linear_rows: its GEMV or register tiles where they pay, else torch's GEMM).
+// linear_small's (linear_rows: its GEMV or register tiles where they pay, else torch's GEMM), or
+// the packed tiles on the weights' packed copies where those are given and pay.
 #include "cpu/linear.h"
 #include "cpu/vec.h"
 #include "ops.h"
@@ -12,6 +13,17 @@ namespace vllm_cpu {
 namespace {
 
 constexpr int64_t kTensorsPerLayer = 7;  // ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w, down_w
+constexpr int64_t kPackedPerLayer = 4;   // packed qkv_w, o_w, gate_up_w, down_w
+
+// The packed copy of a layer's linear weight (index j of kPackedPerLayer), checked against it;
+// nullptr where there is none.
+const at::Tensor* packed_of(const std::vector<at::Tensor>& packed, int64_t layer, int64_t j,
+                            const at::Tensor& weight) {
+  if (packed.empty()) return nullptr;
+  const at::Tensor& p = packed[layer * kPackedPerLayer + j];
+  check_packed(p, weight);
+  return p.numel() > 0 ? &p : nullptr;
+}
 
 void check_weight(const at::Tensor& w, int64_t rows, int64_t cols, const at::Tensor& like,
                   const char* name, int64_t layer) {
@@ -30,12 +42,15 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
                    const at::Tensor& block_tables, const at::Tensor& context_lens,
                    const at::Tensor& query_start_loc, int64_t max_context_len, int64_t num_heads,
                    int64_t num_kv_heads, int64_t head_size, double epsilon, double scale,
-                   bool is_neox) {
+                   bool is_neox, const std::vector<at::Tensor>& packed) {
   const int64_t num_layers = static_cast<int64_t>(key_caches.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kTensorsPerLayer * num_layers &&
                   value_caches.size() == key_caches.size(),
               "decode_layers takes ", kTensorsPerLayer, " weights per layer and one key and value "
               "cache per layer; got ", weights.size(), " weights for ", num_layers, " layers");
+  TORCH_CHECK(packed.empty() || static_cast<int64_t>(packed.size()) == kPackedPerLayer * num_layers,
+              "decode_layers takes no packed weights or ", kPackedPerLayer, " per layer; got ",
+              packed.size(), " for ", num_layers, " layers");
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), "hidden must be [num_tokens, hidden]");
   const int64_t m = hidden.size(0);
   const int64_t q_size = num_heads * head_size, kv_size = num_kv_heads * head_size;
@@ -61,7 +76,7 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
       fused_add_rms_norm(x, residual, w[0], epsilon);
     }
     at::Tensor qkv = at::empty({m, qkv_w.size(0)}, opts);
-    linear_rows(qkv, x, qkv_w, qkv_b);
+    linear_rows(qkv, x, qkv_w, qkv_b, packed_of(packed, l, 0, qkv_w));
     at::Tensor q = qkv.narrow(1, 0, q_size);
     at::Tensor k = qkv.narrow(1, q_size, kv_size);
     at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size);
@@ -74,14 +89,14 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
     paged_attention(attn, q3, kc, vc, block_tables, context_lens, query_start_loc,
                     max_context_len, scale);
     at::Tensor attn2 = attn.view({m, q_size});
-    linear_rows(x, attn2, w[3], nullptr);
+    linear_rows(x, attn2, w[3], nullptr, packed_of(packed, l, 1, w[3]));
     fused_add_rms_norm(x, residual, w[4], epsilon);
     const at::Tensor& gate_up_w = w[5];
     at::Tensor gate_up = at::empty({m, gate_up_w.size(0)}, opts);
-    linear_rows(gate_up, x, gate_up_w, nullptr);
+    linear_rows(gate_up, x, gate_up_w, nullptr, packed_of(packed, l, 2, gate_up_w));
     at::Tensor act = at::empty({m, gate_up_w.size(0) / 2}, opts);
     silu_and_mul(act, gate_up);
-    linear_rows(x, act, w[6], nullptr);
+    linear_rows(x, act, w[6], nullptr, packed_of(packed, l, 3, w[6]));
   }
   fused_add_rms_norm(x, residual, final_norm, epsilon);
 }

@@ -12,13 +12,6 @@
 #include "cpu/vec.h"
 #include "ops.h"
 
-// bf16 x bf16 dot products in one instruction (AVX512_BF16: Cooper Lake, Sapphire Rapids, Zen 4),
-// picked at run time: twice the multiply-adds per instruction and no conversion of the weights.
-#if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
-#define VLLM_BF16_DOT 1
-#include <immintrin.h>
-#endif
-
 namespace vllm_cpu {
 namespace {
 
@@ -30,6 +23,18 @@ constexpr int64_t kGemvMaxRows = 8;
 // hardware prefetcher alone fell behind: a software prefetch this far ahead of the weight read
 // took 4 rows x 32000 x 576 bf16 from 9.6 to 15 GB/s on one core (no change at 1 row).
 constexpr int64_t kPrefetchBytes = 2048;
+
+// Input rows from which a bf16 step with a packed copy of its weight runs the packed tiles
+// (linear_packed.cpp), and up to which (above: torch's GEMM, as for the row-major tiles).
+// TEMPORARY A/B: VLLM_CPU_PACKED_MIN_ROWS read once.
+int64_t packed_min_rows() {
+  static const int64_t rows = [] {
+    const char* v = std::getenv("VLLM_CPU_PACKED_MIN_ROWS");
+    return v == nullptr ? int64_t{8} : static_cast<int64_t>(std::atoi(v));
+  }();
+  return rows;
+}
+constexpr int64_t kPackedMaxRows = 64;
 
 template <int MB>
 inline void prefetch_ahead(const void* p) {
@@ -90,8 +95,6 @@ inline void row_all(T* out, int64_t ldo, const float* x, int64_t ldx, const T* w
 }
 
 #ifdef VLLM_BF16_DOT
-#define VLLM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-
 // Input rows from which a bf16 step runs on register tiles (tile_bf16) of kTileN weight rows x
 // kTileRows input rows (fewer rows left over: a tile of as many). Fewer rows take row_bf16's one
 // stream a weight row (or two, row_pair_bf16). Paired on the 2-core Zen 4, SmolLM2-135M and
@@ -404,10 +407,6 @@ void linear_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_
   });
 }
 
-bool has_bf16_dot() {
-  static const bool has = __builtin_cpu_supports("avx512bf16");
-  return has;
-}
 #endif
 
 // Whether linear_small_impl beats torch's GEMM at `rows` input rows of `dtype`: up to
@@ -423,6 +422,15 @@ bool linear_small_pays(at::ScalarType dtype, int64_t rows) {
 }
 
 }  // namespace
+
+bool has_bf16_dot() {
+#ifdef VLLM_BF16_DOT
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
 
 template <typename T>
 void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T* weight,
@@ -469,7 +477,17 @@ template void linear_small_impl<c10::BFloat16>(c10::BFloat16*, int64_t, const c1
                                                const c10::BFloat16*, int64_t, int64_t, int64_t);
 
 void linear_rows(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
-                 const at::Tensor* bias) {
+                 const at::Tensor* bias, const at::Tensor* packed) {
+  const int64_t rows = input.size(0);
+  if (packed != nullptr && rows >= packed_min_rows() && rows <= kPackedMaxRows &&
+      weight.scalar_type() == at::kBFloat16 &&
+      linear_packed_bf16(out.data_ptr<c10::BFloat16>(), out.stride(0),
+                         input.data_ptr<c10::BFloat16>(), input.stride(0),
+                         packed->data_ptr<c10::BFloat16>(),
+                         bias != nullptr ? bias->data_ptr<c10::BFloat16>() : nullptr, rows,
+                         weight.size(0), weight.size(1))) {
+    return;
+  }
   if (!linear_small_pays(weight.scalar_type(), input.size(0))) {
     if (bias != nullptr) {
       at::addmm_out(out, *bias, input, weight.t());

@@ -3,7 +3,19 @@
 
 #include <torch/all.h>
 
+// bf16 x bf16 dot products in one instruction (AVX512_BF16: Cooper Lake, Sapphire Rapids, Zen 4),
+// picked at run time (has_bf16_dot): twice the multiply-adds per instruction and no conversion of
+// the weights.
+#if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#define VLLM_BF16_DOT 1
+#define VLLM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#include <immintrin.h>
+#endif
+
 namespace vllm_cpu {
+
+// Whether this CPU has AVX512_BF16 (and the build its kernels).
+bool has_bf16_dot();
 
 // out[m * ldo + n] = sum_k input[m * ldi + k] * weight[n * k_dim + k] (+ bias[n]), fp32 sums.
 template <typename T>
@@ -11,9 +23,25 @@ void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T
                        const T* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim);
 
 // out = input @ weight^T (+ bias) for [rows, in] tensors of contiguous rows: linear_small_impl
-// where it pays, torch's GEMM elsewhere. What the linear_small op and decode_layers run.
+// where it pays, torch's GEMM elsewhere; with `packed` (pack_linear's copy of weight, non-empty)
+// the packed tiles where those pay. What the linear_small op and decode_layers run.
 void linear_rows(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
-                 const at::Tensor* bias);
+                 const at::Tensor* bias, const at::Tensor* packed = nullptr);
+
+// The packed layout (linear_packed.cpp): [ceil(N / kPackRows), ceil(K / 2) * 2 * kPackRows], a
+// 64-byte vector per column pair of kPackRows weight rows, zeros past N and K.
+constexpr int64_t kPackRows = 16;
+// Whether weights of `dtype` are packed on this CPU (bf16 with AVX512_BF16).
+inline bool packed_weights_apply(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 && has_bf16_dot();
+}
+// Throws unless packed is empty (not packed) or pack_linear's copy of weight.
+void check_packed(const at::Tensor& packed, const at::Tensor& weight);
+// out [m, n] (row stride ldo) = x [m, k] (row stride ldx) @ W^T (+ bias) from W's packed copy;
+// false where it did nothing (no AVX512_BF16).
+bool linear_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_t ldx,
+                        const c10::BFloat16* packed, const c10::BFloat16* bias, int64_t m_dim,
+                        int64_t n_dim, int64_t k_dim);
 
 // The same for bf16 on AMX tiles (linear_amx.cpp), where the CPU has them and the shape suits
 // (VLLM_CPU_AMX: off by default; K a multiple of 32); false where it did nothing.

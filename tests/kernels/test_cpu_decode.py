@@ -189,7 +189,13 @@ def run(model, caches, md, ids, positions, path, monkeypatch):
     ([33] * 4 + [12] * 4, [4] * 8),  # 32 rows
     ([30] * 8 + [9] * 8, [4] * 16),  # 64 rows, the largest the path takes
 ])
-def test_decode_layers_matches_per_op_path(shape, dtype, context_lens, q_lens, monkeypatch):
+# packed: bf16 from 8 rows on the packed tiles (where the CPU has AVX512_BF16) or not
+@pytest.mark.parametrize("packed", ["1", "0"])
+def test_decode_layers_matches_per_op_path(shape, dtype, context_lens, q_lens, packed,
+                                           monkeypatch):
+    if packed == "0" and dtype == torch.float32:
+        pytest.skip("fp32 weights never pack")
+    monkeypatch.setenv("VLLM_CPU_PACKED_WEIGHTS", packed)
     model, config = make_model(shape, dtype)
     caches, md, positions = make_step(config, dtype, context_lens, q_lens)
     ids = torch.randint(0, config.vocab_size, (len(positions),),
@@ -231,7 +237,7 @@ def test_only_small_steps_take_the_fused_path(monkeypatch):
 def test_opcheck():
     model, config = make_model("qwen2-bias", torch.float32)
     caches, md, positions = make_step(config, torch.float32, [20, 5], [2, 1])
-    weights = cpu_decode._layer_weights(model.model)
+    weights, _ = cpu_decode._layer_weights(model.model)
     attn = model.model.layers[0].self_attn
     hidden = torch.randn(3, config.hidden_size)
     torch.library.opcheck(torch.ops._C.decode_layers.default, (
@@ -239,7 +245,7 @@ def test_opcheck():
         attn.rotary_emb.cos_sin_cache, [k for k, _ in caches], [v for _, v in caches],
         md.slot_mapping, md.block_tables, md.context_lens, md.query_start_loc,
         md.max_context_len, attn.num_heads, attn.num_kv_heads, attn.head_dim, 1e-5,
-        attn.attn.scale, True))
+        attn.attn.scale, True, []))
     x, w = torch.randn(3, 64), torch.randn(40, 64)
     torch.library.opcheck(torch.ops._C.linear_small.default,
                           (torch.empty(3, 40), x, w, torch.randn(40)))

@@ -2,7 +2,9 @@
 runs every decoder layer in one vllm._C call (decode_layers), so it costs the weight bytes rather
 than a Python and dispatcher round trip per op. Its matmuls, and the logits', are linear_small's:
 a GEMV (each weight streamed once for all rows) or register tiles where those beat torch's GEMM
-(bf16 on AVX512_BF16 up to MAX_ROWS rows, other dtypes up to 8), that GEMM elsewhere.
+(bf16 on AVX512_BF16 up to MAX_ROWS rows, other dtypes up to 8), that GEMM elsewhere; bf16 on
+AVX512_BF16 from 8 rows the tiles over a copy of the weights packed at the first step
+(VLLM_CPU_PACKED_WEIGHTS: the linear weights' bytes again in memory).
 The per-op path (the model's own forward) stays the reference and runs wherever this one does
 not apply: other devices, more rows, other dtypes, biases beyond Qwen2's q/k/v, partial rotary."""
 from typing import Any, Optional
@@ -25,18 +27,41 @@ def rows_apply(x: torch.Tensor) -> bool:
             and ops.has_kernel("decode_layers", "cpu"))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T through linear_small when it applies, else F.linear."""
+def packed_copy(weight: torch.Tensor) -> torch.Tensor:
+    """weight's copy packed for the packed tiles (ops.pack_linear), or an empty tensor where
+    VLLM_CPU_PACKED_WEIGHTS is off or this CPU or dtype has none."""
+    if not envs.VLLM_CPU_PACKED_WEIGHTS:
+        return weight.new_empty(0)
+    return ops.pack_linear(weight.detach())
+
+
+def _packed_for(owner: Any, weight: torch.Tensor) -> torch.Tensor:
+    """owner's packed copy of weight, made at its first use and again when the weight is
+    replaced (a new storage: the key is its address)."""
+    cached = getattr(owner, "_packed_weight", None)
+    if cached is None or cached[0] != weight.data_ptr():
+        cached = (weight.data_ptr(), packed_copy(weight))
+        owner._packed_weight = cached
+    return cached[1]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> torch.Tensor:
+    """x @ weight^T through linear_small when it applies (with weight's packed copy, kept on
+    `owner`, when one is given), else F.linear."""
     if rows_apply(x) and weight.dtype == x.dtype and weight.is_contiguous():
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-        ops.linear_small(out, x.contiguous(), weight, None)
+        if owner is None:
+            ops.linear_small(out, x.contiguous(), weight, None)
+        else:
+            ops.linear_packed(out, x.contiguous(), weight, _packed_for(owner, weight), None)
         return out
     return torch.nn.functional.linear(x, weight)
 
 
-def _layer_weights(model: Any) -> Optional[list[torch.Tensor]]:
-    """The per-layer tensors decode_layers takes, or None when a layer has a piece it lacks."""
-    tensors = []
+def _layer_weights(model: Any) -> Optional[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """The per-layer tensors decode_layers takes and their packed copies (none where no weight
+    packs), or None when a layer has a piece it lacks."""
+    tensors, packed = [], []
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         rope = attn.rotary_emb
@@ -49,7 +74,11 @@ def _layer_weights(model: Any) -> Optional[list[torch.Tensor]]:
                     qkv_b if qkv_b is not None else attn.qkv_proj.weight.new_empty(0),
                     attn.o_proj.weight, layer.post_attention_layernorm.weight,
                     mlp.gate_up_proj.weight, mlp.down_proj.weight]
-    return [t.detach() for t in tensors]
+        packed += [packed_copy(p.weight) for p in (attn.qkv_proj, attn.o_proj,
+                                                   mlp.gate_up_proj, mlp.down_proj)]
+    if all(p.numel() == 0 for p in packed):
+        packed = []
+    return [t.detach() for t in tensors], packed
 
 
 def forward(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Optional[torch.Tensor]:
@@ -64,8 +93,10 @@ def forward(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Option
     if cached is None or cached[0] != key:
         cached = (key, _layer_weights(model))
         model._decode_weights = cached
-    weights = cached[1]
-    if weights is None or weights[1].dtype != hidden.dtype:
+    if cached[1] is None:
+        return None
+    weights, packed = cached[1]
+    if weights[1].dtype != hidden.dtype:
         return None
     from vllm.forward_context import get_forward_context
     ctx = get_forward_context()
@@ -77,5 +108,5 @@ def forward(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Option
                       [v for _, v in ctx.kv_caches], md.slot_mapping, md.block_tables,
                       md.context_lens, md.query_start_loc, md.max_context_len, attn.num_heads,
                       attn.num_kv_heads, attn.head_dim, model.norm.variance_epsilon,
-                      attn.attn.scale, True)
+                      attn.attn.scale, True, packed)
     return hidden

@@ -38,8 +38,10 @@ class VocabParallelEmbedding(nn.Module):
         """hidden [num_rows, dim] -> fp32 logits [num_rows, vocab], on every rank."""
         # in the weights' dtype, then fp32; a GEMV for few rows (CPU: cpu_decode's; CUDA:
         # linear_small with VLLM_CUDA_GEMV on), else torch's GEMM
-        gemm = linear if hidden.is_cuda else cpu_decode.linear
-        logits = gemm(hidden, self.weight).float()
+        if hidden.is_cuda:
+            logits = linear(hidden, self.weight).float()
+        else:  # the weight's packed copy kept on this module
+            logits = cpu_decode.linear(hidden, self.weight, owner=self).float()
         if self.tp.size == 1:
             return logits
         return self.tp.all_gather(logits)[:, :self.num_embeddings]

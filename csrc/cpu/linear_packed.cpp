@@ -1,0 +1,197 @@
+// The bf16 linear of several input rows on weights repacked once at load (AVX512_BF16):
+// out[M, N] = input[M, K] @ weight[N, K]^T (+ bias). The row-major register tiles (linear.cpp,
+// tile_bf16) hold 16-lane partial sums of single outputs and reduce them horizontally at each
+// tile's end, which at 16-20 rows held them to ~280 GFLOP/s on 2 Zen 4 cores against ~470 for the
+// multiply-adds alone. Here the weights are stored as [ceil(N / 16)][ceil(K / 2)][16][2]: one
+// 64-byte vector holds a column pair of 16 weight rows, so `vdpbf16ps` against an input's column
+// pair broadcast to every lane leaves 16 finished outputs per accumulator: no horizontal sums,
+// and each 16-row panel is one address-order stream. A tile is 2 panels (32 outputs) x 12 input
+// rows, 24 accumulators. Measured first in benchmarks/lab/cpu_tile_lab.cpp: 1.3-1.45x the
+// row-major tiles at 16-20 rows, 1.1-1.3x at 8, 0.73-1.11x at 4 (benchmarks/RESULTS.md).
+// The packed copy sits beside the row-major weight (which the GEMV of fewer rows, the per-op
+// path and a tied embedding read), so it costs that weight's bytes again in memory.
+#include "cpu/linear.h"
+
+#include <ATen/Parallel.h>
+
+#include <cstring>
+
+#include "core/checks.h"
+#include "ops.h"
+
+namespace vllm_cpu {
+
+at::Tensor pack_linear(const at::Tensor& weight) {
+  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2,
+              "pack_linear: weight must be a 2-D CPU tensor, got ", weight.sizes(), " on ",
+              weight.device());
+  const int64_t n_dim = weight.size(0), k_dim = weight.size(1);
+  if (!packed_weights_apply(weight.scalar_type()) || n_dim == 0 || k_dim == 0) {
+    return at::empty({0}, weight.options());
+  }
+  const at::Tensor w = weight.contiguous();
+  const int64_t panels = (n_dim + kPackRows - 1) / kPackRows, pairs = (k_dim + 1) / 2;
+  at::Tensor packed = at::empty({panels, pairs * 2 * kPackRows}, weight.options());
+  const auto* src = reinterpret_cast<const uint16_t*>(w.data_ptr<c10::BFloat16>());
+  auto* dst = reinterpret_cast<uint16_t*>(packed.data_ptr<c10::BFloat16>());
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      uint16_t* panel = dst + p * pairs * 2 * kPackRows;
+      for (int64_t r = 0; r < kPackRows; ++r) {
+        const int64_t n = p * kPackRows + r;
+        for (int64_t k = 0; k < 2 * pairs; ++k) {
+          panel[(k / 2) * 2 * kPackRows + r * 2 + k % 2] =
+              n < n_dim && k < k_dim ? src[n * k_dim + k] : 0;
+        }
+      }
+    }
+  });
+  return packed;
+}
+
+#ifdef VLLM_BF16_DOT
+namespace {
+
+constexpr int kPanels = 2;     // 16-row weight panels per tile (32 outputs)
+constexpr int kTileRows = 12;  // input rows per tile: 2 x 12 accumulators
+// The software prefetch's distance along a panel (its stream): 2 KB (the lab's; the next tile's
+// panels are the adjacent addresses, which the hardware prefetcher follows).
+constexpr int64_t kPrefetchElems = 1024;
+
+// Panels pb .. pb + NB against input rows m0 .. m0 + MR: the column pair kp of each input row
+// broadcast to every lane; out's columns past n_dim masked off. The first pass over the panels
+// (m0 = 0) prefetches them into L2 ahead of the loads.
+template <int NB, int MR>
+VLLM_BF16_TARGET inline void packed_tile(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
+                                         int64_t ldx, const c10::BFloat16* packed,
+                                         const c10::BFloat16* bias, int64_t n_dim,
+                                         int64_t k_dim, int64_t pb, int64_t m0) {
+  static_assert(NB * MR <= 24, "NB x MR accumulators, NB weights and an input in 32 registers");
+  __m512 acc[NB * MR];
+  for (int a = 0; a < NB * MR; ++a) acc[a] = _mm512_setzero_ps();
+  const int64_t pairs = (k_dim + 1) / 2, panel = pairs * 2 * kPackRows;
+  const c10::BFloat16* pr = packed + pb * panel;
+  const c10::BFloat16* xr = x + m0 * ldx;
+  const bool prefetch = m0 == 0;
+  const int64_t full = k_dim / 2;  // column pairs inside every input row
+  for (int64_t kp = 0; kp < full; ++kp) {
+    __m512bh wv[NB];
+    for (int b = 0; b < NB; ++b) {
+      const c10::BFloat16* wp = pr + b * panel + kp * 2 * kPackRows;
+      if (prefetch) __builtin_prefetch(wp + kPrefetchElems, 0, 1);
+      wv[b] = (__m512bh)_mm512_loadu_si512(wp);
+    }
+    for (int i = 0; i < MR; ++i) {
+      int32_t pair;
+      std::memcpy(&pair, xr + i * ldx + 2 * kp, sizeof(pair));
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+      for (int b = 0; b < NB; ++b) acc[i * NB + b] = _mm512_dpbf16_ps(acc[i * NB + b], wv[b], xv);
+    }
+  }
+  if (full < pairs) {  // odd K: the last column against the packed zero beside it
+    __m512bh wv[NB];
+    for (int b = 0; b < NB; ++b) {
+      wv[b] = (__m512bh)_mm512_loadu_si512(pr + b * panel + full * 2 * kPackRows);
+    }
+    for (int i = 0; i < MR; ++i) {
+      uint16_t last;
+      std::memcpy(&last, xr + i * ldx + k_dim - 1, sizeof(last));
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(last));
+      for (int b = 0; b < NB; ++b) acc[i * NB + b] = _mm512_dpbf16_ps(acc[i * NB + b], wv[b], xv);
+    }
+  }
+  for (int b = 0; b < NB; ++b) {
+    const int64_t n = (pb + b) * kPackRows;
+    const __mmask16 mask =
+        n + kPackRows <= n_dim ? __mmask16(0xFFFF) : __mmask16((1u << (n_dim - n)) - 1);
+    __m512 bv = _mm512_setzero_ps();
+    if (bias != nullptr) {  // bf16 -> fp32: the 16 bits moved to the top of each lane
+      bv = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias + n)), 16));
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m256bh o = _mm512_cvtneps_pbh(_mm512_add_ps(acc[i * NB + b], bv));
+      _mm256_mask_storeu_epi16(out + (m0 + i) * ldo + n, mask, (__m256i)o);
+    }
+  }
+}
+
+// packed_tile<NB, rows> for the rows < MR left over (R counts down to rows).
+template <int NB, int R>
+VLLM_BF16_TARGET inline void packed_rest(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
+                                         int64_t ldx, const c10::BFloat16* packed,
+                                         const c10::BFloat16* bias, int64_t n_dim,
+                                         int64_t k_dim, int64_t pb, int64_t m0, int64_t rows) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      packed_tile<NB, R>(out, ldo, x, ldx, packed, bias, n_dim, k_dim, pb, m0);
+    } else {
+      packed_rest<NB, R - 1>(out, ldo, x, ldx, packed, bias, n_dim, k_dim, pb, m0, rows);
+    }
+  }
+}
+
+// Panels pb .. pb + NB against all m_dim input rows, kTileRows at a time (the panels re-read
+// from cache after the first pass).
+template <int NB>
+VLLM_BF16_TARGET void packed_panels(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
+                                    int64_t ldx, const c10::BFloat16* packed,
+                                    const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim,
+                                    int64_t k_dim, int64_t pb) {
+  int64_t m = 0;
+  for (; m + kTileRows <= m_dim; m += kTileRows) {
+    packed_tile<NB, kTileRows>(out, ldo, x, ldx, packed, bias, n_dim, k_dim, pb, m);
+  }
+  packed_rest<NB, kTileRows - 1>(out, ldo, x, ldx, packed, bias, n_dim, k_dim, pb, m, m_dim - m);
+}
+
+}  // namespace
+
+bool linear_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_t ldx,
+                        const c10::BFloat16* packed, const c10::BFloat16* bias, int64_t m_dim,
+                        int64_t n_dim, int64_t k_dim) {
+  if (!has_bf16_dot()) return false;
+  const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
+  const int64_t tiles = (panels + kPanels - 1) / kPanels;
+  // contiguous blocks of tiles per thread, at least ~32 KB of weights each
+  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * kPanels));
+  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t pb = t * kPanels;
+      if (pb + kPanels <= panels) {
+        packed_panels<kPanels>(out, ldo, x, ldx, packed, bias, m_dim, n_dim, k_dim, pb);
+      } else {
+        packed_panels<1>(out, ldo, x, ldx, packed, bias, m_dim, n_dim, k_dim, pb);
+      }
+    }
+  });
+  return true;
+}
+#else
+bool linear_packed_bf16(c10::BFloat16*, int64_t, const c10::BFloat16*, int64_t,
+                        const c10::BFloat16*, const c10::BFloat16*, int64_t, int64_t, int64_t) {
+  return false;
+}
+#endif
+
+void linear_packed(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                   const at::Tensor& packed, const std::optional<at::Tensor>& bias) {
+  const at::Tensor* b = bias.has_value() && bias->defined() ? &*bias : nullptr;
+  vllm::check_linear_small_args(out, input, weight, b);
+  check_packed(packed, weight);
+  linear_rows(out, input, weight, b, packed.numel() > 0 ? &packed : nullptr);
+}
+
+void check_packed(const at::Tensor& packed, const at::Tensor& weight) {
+  if (packed.numel() == 0) return;  // not packed: the row-major weight alone
+  const int64_t n_dim = weight.size(0), k_dim = weight.size(1);
+  const int64_t panels = (n_dim + kPackRows - 1) / kPackRows, pairs = (k_dim + 1) / 2;
+  TORCH_CHECK(packed.dim() == 2 && packed.size(0) == panels &&
+                  packed.size(1) == pairs * 2 * kPackRows && packed.is_contiguous() &&
+                  packed.scalar_type() == weight.scalar_type() && packed.device().is_cpu(),
+              "packed weight must be pack_linear's [", panels, ", ", pairs * 2 * kPackRows,
+              "] copy of the ", weight.sizes(), " ", weight.scalar_type(), " weight, got ",
+              packed.sizes(), " ", packed.scalar_type());
+}
+
+}  // namespace vllm_cpu

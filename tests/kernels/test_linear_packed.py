@@ -1,0 +1,113 @@
+"""The bf16 CPU linear on weights packed at load (pack_linear, linear_packed): the packed layout
+holds exactly the weight (zeros past its rows and columns), and the packed tiles' outputs equal
+F.linear's in fp32 within bf16 tolerance for every count of input rows left over by the 12-row
+tiles, odd weight-row and column counts, a bias, and rows inside wider buffers. Row counts
+below the packed tiles' minimum and above their maximum take linear_small's kernels (and must
+agree too)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.utils import assert_close
+from vllm import _custom_ops as ops
+
+pytestmark = pytest.mark.skipif(not ops.has_kernel("linear_packed", "cpu"),
+                                reason="vllm._C without the CPU packed linear")
+
+
+def _has_bf16_dot() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "avx512_bf16" in f.read()
+    except OSError:
+        return False
+
+
+needs_bf16_dot = pytest.mark.skipif(not _has_bf16_dot(), reason="packs only on AVX512_BF16")
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """[ceil(n / 16), ceil(k / 2) * 32] -> the [n, k] weight with the padding beside it."""
+    panels, width = packed.shape
+    pairs = width // 32
+    return packed.view(panels, pairs, 16, 2).permute(0, 2, 1, 3).reshape(panels * 16, pairs * 2)
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("n,k", [(16, 2), (37, 810), (48, 33), (1, 1), (1152, 896)])
+def test_pack_layout_holds_the_weight(n, k):
+    w = torch.randn(n, k, dtype=torch.bfloat16)
+    packed = ops.pack_linear(w)
+    assert packed.shape == (-(-n // 16), -(-k // 2) * 32)
+    full = unpack(packed)
+    assert torch.equal(full[:n, :k], w)
+    assert (full[n:] == 0).all() and (full[:, k:] == 0).all()
+
+
+def test_pack_is_empty_where_it_does_not_apply():
+    """fp32 weights never pack (their kernels read the row-major weight)."""
+    assert ops.pack_linear(torch.randn(32, 64)).numel() == 0
+
+
+@needs_bf16_dot
+# m: below the packed tiles (1, 4, 7: linear_small's kernels), 8 upward with every count of rows
+# left over by 12-row tiles (8-11, 13-23), whole tiles (12, 24, 36, 48, 60), the largest the tiles
+# take (64) and one above it (65: torch's GEMM)
+@pytest.mark.parametrize("m", [1, 4, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
+                               23, 24, 36, 48, 60, 64, 65])
+# n: whole 2-panel tiles (64, 1152), an odd panel count (48: a 1-panel tile at the end), a panel
+# tail (37, 1); k: even, odd (810 + 1, 33, 1)
+@pytest.mark.parametrize("n,k", [(64, 64), (1152, 896), (48, 33), (37, 811), (1, 1)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_packed_matches_f_linear(m, n, k, bias):
+    torch.manual_seed(m * n + k)
+    x, w = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, dtype=torch.bfloat16) if bias else None
+    packed = ops.pack_linear(w)
+    assert packed.numel() > 0
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    ops.linear_packed(out, x, w, packed, b)
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    assert_close("linear_packed", out.float(), ref, torch.bfloat16)
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("m", [8, 13, 30])
+def test_linear_packed_strided_rows(m):
+    """Input and out rows inside wider buffers (as decode_layers passes them); nothing written
+    outside out's columns."""
+    torch.manual_seed(m)
+    x = torch.randn(m, 160, dtype=torch.bfloat16)[:, 20:120]
+    w = torch.randn(70, 100, dtype=torch.bfloat16) / 10
+    out_buf = torch.full((m, 90), float("nan"), dtype=torch.bfloat16)
+    out = out_buf[:, 10:80]
+    ops.linear_packed(out, x, w, ops.pack_linear(w), None)
+    assert_close("linear_packed strided", out.float(), F.linear(x.float(), w.float()),
+                 torch.bfloat16)
+    assert out_buf[:, :10].isnan().all() and out_buf[:, 80:].isnan().all()
+
+
+def test_linear_packed_without_a_copy_is_linear_small():
+    """An empty packed tensor (a CPU or dtype without one) runs linear_small's kernels."""
+    x, w = torch.randn(20, 64), torch.randn(40, 64)
+    out = torch.empty(20, 40)
+    ops.linear_packed(out, x, w, w.new_empty(0), None)
+    assert_close("linear_packed unpacked", out, F.linear(x, w), torch.float32)
+
+
+@needs_bf16_dot
+def test_linear_packed_rejects_another_weights_copy():
+    w = torch.randn(40, 64, dtype=torch.bfloat16)
+    other = ops.pack_linear(torch.randn(40, 66, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="packed weight must be pack_linear's"):
+        ops.linear_packed(torch.empty(8, 40, dtype=torch.bfloat16),
+                          torch.randn(8, 64, dtype=torch.bfloat16), w, other, None)
+
+
+@needs_bf16_dot
+def test_opcheck():
+    w = torch.randn(40, 64, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops._C.linear_packed.default,
+                          (torch.empty(9, 40, dtype=torch.bfloat16),
+                           torch.randn(9, 64, dtype=torch.bfloat16), w, ops.pack_linear(w),
+                           torch.randn(40, dtype=torch.bfloat16)))
