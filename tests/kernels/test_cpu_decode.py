@@ -237,7 +237,7 @@ def test_only_small_steps_take_the_fused_path(monkeypatch):
 def test_opcheck():
     model, config = make_model("qwen2-bias", torch.float32)
     caches, md, positions = make_step(config, torch.float32, [20, 5], [2, 1])
-    weights, _ = cpu_decode._layer_weights(model.model)
+    weights = cpu_decode._layer_weights(model.model)
     attn = model.model.layers[0].self_attn
     hidden = torch.randn(3, config.hidden_size)
     torch.library.opcheck(torch.ops._C.decode_layers.default, (
@@ -250,3 +250,28 @@ def test_opcheck():
     torch.library.opcheck(torch.ops._C.linear_small.default,
                           (torch.empty(3, 40), x, w, torch.randn(40)))
 
+
+
+@pytest.mark.skipif(not _has_bf16_dot(), reason="weights pack only on AVX512_BF16")
+def test_weights_pack_at_the_first_step_that_uses_them(monkeypatch):
+    """Steps of fewer than PACKED_MIN_ROWS rows never make the packed copies (a draft at batch 1
+    keeps its memory); the first step of that many makes them for every layer's four linears and
+    the logits, and then computes what the row-major weights do."""
+    model, config = make_model("qwen2-bias", torch.bfloat16)
+    rows = cpu_decode.PACKED_MIN_ROWS
+    for n, packs in ((rows - 1, False), (rows, True)):
+        caches, md, positions = make_step(config, torch.bfloat16, [20] * n, [1] * n)
+        ids = torch.arange(n) % config.vocab_size
+        hidden, logits, _ = run(model, caches, md, ids, positions, "fused", monkeypatch)
+        packed = getattr(model.model, "_decode_packed", None)
+        head = getattr(model.model.embed_tokens, "_packed_weight", None)
+        if not packs:
+            assert packed is None and head is None
+            continue
+        assert len(packed) == 4 * config.num_hidden_layers and all(p.numel() > 0 for p in packed)
+        assert head is not None and head[1].numel() > 0
+        ref_hidden, ref_logits, _ = run(model, caches, md, ids, positions, "native", monkeypatch)
+        assert_close("decode_layers packed", hidden.float(), ref_hidden.float(), torch.bfloat16,
+                     tol_scale=2)
+        assert_close("decode_layers packed logits", logits, ref_logits, torch.bfloat16,
+                     tol_scale=2)

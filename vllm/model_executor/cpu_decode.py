@@ -3,7 +3,7 @@ runs every decoder layer in one vllm._C call (decode_layers), so it costs the we
 than a Python and dispatcher round trip per op. Its matmuls, and the logits', are linear_small's:
 a GEMV (each weight streamed once for all rows) or register tiles where those beat torch's GEMM
 (bf16 on AVX512_BF16 up to MAX_ROWS rows, other dtypes up to 8), that GEMM elsewhere; bf16 on
-AVX512_BF16 from 8 rows the tiles over a copy of the weights packed at the first step
+AVX512_BF16 from 8 rows the tiles over a copy of the weights packed at the first such step
 (VLLM_CPU_PACKED_WEIGHTS: the linear weights' bytes again in memory).
 The per-op path (the model's own forward) stays the reference and runs wherever this one does
 not apply: other devices, more rows, other dtypes, biases beyond Qwen2's q/k/v, partial rotary."""
@@ -17,6 +17,10 @@ from vllm import envs
 # steps of more rows run the per-op path (at 40 and 64 rows, bf16, 2-core Zen 4, paired: this
 # path with the register tiles 1.05-1.15x faster than the per-op path with torch's GEMM)
 MAX_ROWS = 64
+# steps of at least this many rows run bf16 linears on the weights' packed copies (linear.cpp's
+# kPackedMinRows: Qwen2.5-0.5B forwards 0.97-1.01x the row-major tiles at 4-6 rows, 1.04x at 8,
+# 1.44x at 20); fewer rows never make the copies (a draft at batch 1 keeps its memory)
+PACKED_MIN_ROWS = 8
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -36,8 +40,8 @@ def packed_copy(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _packed_for(owner: Any, weight: torch.Tensor) -> torch.Tensor:
-    """owner's packed copy of weight, made at its first use and again when the weight is
-    replaced (a new storage: the key is its address)."""
+    """owner's packed copy of weight, made at its first step of PACKED_MIN_ROWS rows or more and
+    again when the weight is replaced (a new storage: the key is its address)."""
     cached = getattr(owner, "_packed_weight", None)
     if cached is None or cached[0] != weight.data_ptr():
         cached = (weight.data_ptr(), packed_copy(weight))
@@ -46,11 +50,11 @@ def _packed_for(owner: Any, weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> torch.Tensor:
-    """x @ weight^T through linear_small when it applies (with weight's packed copy, kept on
-    `owner`, when one is given), else F.linear."""
+    """x @ weight^T through linear_small when it applies (from PACKED_MIN_ROWS rows with
+    weight's packed copy, kept on `owner`, when one is given), else F.linear."""
     if rows_apply(x) and weight.dtype == x.dtype and weight.is_contiguous():
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-        if owner is None:
+        if owner is None or x.shape[0] < PACKED_MIN_ROWS:
             ops.linear_small(out, x.contiguous(), weight, None)
         else:
             ops.linear_packed(out, x.contiguous(), weight, _packed_for(owner, weight), None)
@@ -58,10 +62,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> torch.Te
     return torch.nn.functional.linear(x, weight)
 
 
-def _layer_weights(model: Any) -> Optional[tuple[list[torch.Tensor], list[torch.Tensor]]]:
-    """The per-layer tensors decode_layers takes and their packed copies (none where no weight
-    packs), or None when a layer has a piece it lacks."""
-    tensors, packed = [], []
+def _layer_weights(model: Any) -> Optional[list[torch.Tensor]]:
+    """The per-layer tensors decode_layers takes, or None when a layer has a piece it lacks."""
+    tensors = []
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         rope = attn.rotary_emb
@@ -74,11 +77,14 @@ def _layer_weights(model: Any) -> Optional[tuple[list[torch.Tensor], list[torch.
                     qkv_b if qkv_b is not None else attn.qkv_proj.weight.new_empty(0),
                     attn.o_proj.weight, layer.post_attention_layernorm.weight,
                     mlp.gate_up_proj.weight, mlp.down_proj.weight]
-        packed += [packed_copy(p.weight) for p in (attn.qkv_proj, attn.o_proj,
-                                                   mlp.gate_up_proj, mlp.down_proj)]
-    if all(p.numel() == 0 for p in packed):
-        packed = []
-    return [t.detach() for t in tensors], packed
+    return [t.detach() for t in tensors]
+
+
+def _layer_packed(weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """decode_layers' packed copies of each layer's qkv, o, gate_up and down weights (from
+    _layer_weights' list), or none where no weight packs."""
+    packed = [packed_copy(w) for i, w in enumerate(weights) if i % 7 in (1, 3, 5, 6)]
+    return packed if any(p.numel() > 0 for p in packed) else []
 
 
 def forward(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Optional[torch.Tensor]:
@@ -93,11 +99,15 @@ def forward(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Option
     if cached is None or cached[0] != key:
         cached = (key, _layer_weights(model))
         model._decode_weights = cached
-    if cached[1] is None:
+        model._decode_packed = None
+    weights = cached[1]
+    if weights is None or weights[1].dtype != hidden.dtype:
         return None
-    weights, packed = cached[1]
-    if weights[1].dtype != hidden.dtype:
-        return None
+    packed = []
+    if hidden.shape[0] >= PACKED_MIN_ROWS:  # packed at the first step that can use them
+        if model._decode_packed is None:
+            model._decode_packed = _layer_packed(weights)
+        packed = model._decode_packed
     from vllm.forward_context import get_forward_context
     ctx = get_forward_context()
     md = ctx.attn_metadata
