@@ -475,13 +475,20 @@ void linear_rows(at::Tensor& out, const at::Tensor& input, const at::Tensor& wei
                  const at::Tensor* bias, const at::Tensor* packed) {
   const int64_t rows = input.size(0);
   if (packed != nullptr && rows >= kPackedMinRows && rows <= kPackedMaxRows &&
-      weight.scalar_type() == at::kBFloat16 &&
-      linear_packed_bf16(out.data_ptr<c10::BFloat16>(), out.stride(0),
-                         input.data_ptr<c10::BFloat16>(), input.stride(0),
-                         packed->data_ptr<c10::BFloat16>(),
-                         bias != nullptr ? bias->data_ptr<c10::BFloat16>() : nullptr, rows,
-                         weight.size(0), weight.size(1))) {
-    return;
+      weight.scalar_type() == at::kBFloat16) {
+    auto* o = out.data_ptr<c10::BFloat16>();
+    const auto* x = input.data_ptr<c10::BFloat16>();
+    const auto* b = bias != nullptr ? bias->data_ptr<c10::BFloat16>() : nullptr;
+    // AMX tiles first where the CPU has them and VLLM_CPU_AMX takes these rows (on the H200's
+    // host 0.40-0.89x the register tiles' time at 8-16 rows, where the packed tiles were
+    // 0.83-0.97x)
+    if (linear_amx_bf16(o, out.stride(0), x, input.stride(0), weight.data_ptr<c10::BFloat16>(),
+                        b, rows, weight.size(0), weight.size(1)) ||
+        linear_packed_bf16(o, out.stride(0), x, input.stride(0),
+                           packed->data_ptr<c10::BFloat16>(), b, rows, weight.size(0),
+                           weight.size(1))) {
+      return;
+    }
   }
   if (!linear_small_pays(weight.scalar_type(), input.size(0))) {
     if (bias != nullptr) {

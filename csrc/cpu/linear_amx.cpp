@@ -2,10 +2,10 @@
 // w[N, K]^T for a few input rows. The AVX512_BF16 GEMV's cost grows with the rows (its dot
 // products outlast the weight bytes from 4 rows on: 2.3-3.7x the one-row time at 8 rows on the
 // H200's host), where a tile multiply of 16 x 32 by 32 x 16 should cost about what loading its
-// 1 KB of weights does, so that a batch of up to 16 rows still costs the weight bytes (expected:
-// torch's oneDNN GEMM on the same host's AMX took 1.02-1.10x its one-row time at 8 rows; this
-// kernel has not run on an AMX host yet, hence VLLM_CPU_AMX=0 by default). Its byte layout was
-// checked against an emulation of the tile instructions' documented semantics.
+// 1 KB of weights does, so that a batch of up to 16 rows still costs the weight bytes (on the
+// H200's host: 1.06-1.22x its one-row time at 8 rows, where the GEMV took 1.7-2.5x; measured
+// there first in the fifteenth session, hence on by default from 8 rows since). Its byte layout
+// was checked against an emulation of the tile instructions' documented semantics.
 //
 // Tile roles: the weights are the A operand, 16 rows of w per tile read straight from w (row
 // stride K), so nothing is repacked at load or per call; the input rows are the B operand, their
@@ -66,12 +66,16 @@ bool amx_usable() {
   return usable;
 }
 
-// VLLM_CPU_AMX (read at every call): 0 (default: not yet run on an AMX host) never, auto for 3
-// to 16 rows, all for 1 to 16.
+// VLLM_CPU_AMX (read at every call): 0 never, auto (default) for 8 to 16 rows, all for 1 to 16.
+// On the H200's host (Xeon, 16 threads; benchmarks/lab/cpu_gemm_lab.py, every matrix of a draft
+// step, paired against linear_small's GEMV and register tiles): 0.61-0.89x their time at 8 rows
+// and 0.40-0.63x at 16 for draft-20m, llama-68m and SmolLM2-135M, but 0.93-1.23x at 4 rows and
+// 1.2-1.4x at 1-2.
+constexpr int64_t kAutoMinRows = 8;
 int64_t amx_min_rows() {
   const char* v = std::getenv("VLLM_CPU_AMX");
-  if (v == nullptr || std::string(v) == "0") return kMaxRows + 1;
-  if (std::string(v) == "auto") return 3;
+  if (v == nullptr || std::string(v) == "auto") return kAutoMinRows;
+  if (std::string(v) == "0") return kMaxRows + 1;
   TORCH_CHECK(std::string(v) == "all", "VLLM_CPU_AMX must be 0, auto or all, got '", v, "'");
   return 1;
 }

@@ -100,7 +100,7 @@ def test_linear_small_settings_are_checked(variable, value, message, rows, monke
 @pytest.mark.parametrize("n,k", [(2048, 576), (80, 64), (100, 64), (12, 96), (64, 48)])
 def test_linear_small_amx_setting(amx, m, n, k, monkeypatch):
     """bf16 rows through AMX tiles where the CPU has them (VLLM_CPU_AMX, read at every call:
-    0 never, auto 3-16 rows, all 1-16; elsewhere every setting runs the GEMV): the reference's
+    0 never, auto 8-16 rows, all 1-16; elsewhere every setting runs the GEMV): the reference's
     sums, strided input and out rows and a bias included. On AMX hosts "0" against "auto" is
     the tile path against the GEMV; both against F.linear in fp32."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
