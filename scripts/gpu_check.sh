@@ -31,20 +31,14 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan: the AMX tile path of the CPU linear, never yet run on an AMX host:
-#   `python3 -m pytest tests/kernels/test_cpu_decode.py` (its VLLM_CPU_AMX settings against the
-#   reference), `python3 benchmarks/lab/cpu_gemm_lab.py --threads 4,8,16 --rows 1,2,4,8,16,20
-#   --passes 5 --reps 3` (linear_small: the GEMV and, from 4 rows, the AVX512_BF16 register
-#   tiles; AMX; oneDNN; in turns), then `VLLM_CPU_AMX=0` and `=auto DRAFT_THREADS=4,8,16
-#   DRAFT_PATHS=fused ... draft` (issue 10's batch 8 / batch 1, tiles against AMX); then a
-#   never-accepted draft (GOODPUT_BATCHES="1 8 32" GOODPUT_MODES="plain spec-spinauto") and the
-#   7B and 13B pairs (PAIR_KS=4,6,8 PAIR_ADAPTIVE=1 PAIR_ROUNDS=2, the 13B into another
-#   OUT_DIR: the stage writes /tmp/pair7b and spec_pair7b.json whatever the shape) at the final
-#   controller; if time is left, the 13B pair with PAIR_PROPOSERS=draft,draft-gpu PAIR_KS=3,4 and
-#   VLLM_DRAFTER_SPIN=off against auto (is the target's verification slower beside a spinning
-#   drafter, the 3% left at k = 3?). The draft stage at 16 threads also shows the attention's
-#   decode split (few KV heads: draft-20m 2, SmolLM2 3) and packed weights, both unmeasured on
-#   the host. A lease costs ~110 s of build, ~3-4 min a pair stage, ~3.5 min a served round)
+#   (the next lease's plan, after run 22: the draft stage at DRAFT_THREADS=4,8,16 with AMX's new
+#   default (auto: 8-16 rows, before the packed copies) against VLLM_CPU_AMX=0, for issue 10's
+#   batch 8 / batch 1 in whole forwards, with DRAFT_PROFILE=1 for where the rest of batch 8 goes
+#   (73-79% of it outside the GEMMs at 16 threads in run 22); the never-accepted draft with
+#   GOODPUT_MODES="plain spec-spinauto spec-spinoff spec-cpushalf plain spec-spinauto" at
+#   GOODPUT_BATCHES="1 8 32" (run 22: 0.87-0.91x, an execute gap of +0.25 ms a plain step);
+#   then issue 15 (PROFILE_SHAPES, the target step by kernel). A lease's start has taken 1-6
+#   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
 #   a pair stage is ~4 min with its training, ~1 min more per extra round)
 #   (each stage takes, on the H200: build ~85-100 s, goodput ~25 s a run (batch and mode), pair
