@@ -40,3 +40,12 @@ def assert_close(op: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.dty
     key = (op, str(out.device.type), str(dtype).replace("torch.", ""))
     ERRORS[key] = max(ERRORS[key], err)
     assert err <= REL_TOL[dtype] * tol_scale, f"{op}: relative error {err:.2e} on {key}"
+
+
+def has_avx512_bf16() -> bool:
+    """Whether this CPU has AVX512_BF16 (the CPU kernels' bf16 dot products, packed weights)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "avx512_bf16" in f.read()
+    except OSError:
+        return False

@@ -44,7 +44,7 @@ bool linear_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
                         int64_t n_dim, int64_t k_dim);
 
 // The same for bf16 on AMX tiles (linear_amx.cpp), where the CPU has them and the shape suits
-// (VLLM_CPU_AMX: off by default; K a multiple of 32); false where it did nothing.
+// (VLLM_CPU_AMX: 8-16 rows by default; K a multiple of 32); false where it did nothing.
 bool linear_amx_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* input, int64_t ldi,
                      const c10::BFloat16* weight, const c10::BFloat16* bias, int64_t m_dim,
                      int64_t n_dim, int64_t k_dim);

@@ -1,4 +1,5 @@
-// The bf16 linear of several input rows on weights repacked once at load (AVX512_BF16):
+// The bf16 linear of several input rows on weights repacked once (AVX512_BF16; the engine packs
+// them at a model's first step of 8+ rows, vllm/model_executor/cpu_decode.py):
 // out[M, N] = input[M, K] @ weight[N, K]^T (+ bias). The row-major register tiles (linear.cpp,
 // tile_bf16) hold 16-lane partial sums of single outputs and reduce them horizontally at each
 // tile's end, which at 16-20 rows held them to ~280 GFLOP/s on 2 Zen 4 cores against ~470 for the

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, Qwen2Config
 
-from tests.utils import assert_close
+from tests.utils import assert_close, has_avx512_bf16
 from vllm import _custom_ops as ops
 from vllm.forward_context import AttentionMetadata, set_forward_context
 from vllm.model_executor import cpu_decode
@@ -70,21 +70,13 @@ def test_linear_small_few_rows_in_one_or_two_streams(streams, m, n, k, monkeypat
                  F.linear(x.float(), (w / 24).float(), b.float()), torch.bfloat16)
 
 
-def _has_bf16_dot() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "avx512_bf16" in f.read()
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("variable,value,message,rows", [
     ("VLLM_CPU_GEMV_STREAMS", "3", "VLLM_CPU_GEMV_STREAMS must be 1 or 2", 1),
     ("VLLM_CPU_AMX", "yes", "VLLM_CPU_AMX must be 0, auto or all", 4)])
 def test_linear_small_settings_are_checked(variable, value, message, rows, monkeypatch):
     """A bad value of a setting the kernel reads at each call is an error naming it (the
     streams setting where the AVX512_BF16 GEMV reads it; the AMX one everywhere)."""
-    if variable == "VLLM_CPU_GEMV_STREAMS" and not _has_bf16_dot():
+    if variable == "VLLM_CPU_GEMV_STREAMS" and not has_avx512_bf16():
         pytest.skip("the setting is read by the AVX512_BF16 GEMV")
     monkeypatch.setenv(variable, value)
     with pytest.raises(RuntimeError, match=message):
@@ -252,7 +244,7 @@ def test_opcheck():
 
 
 
-@pytest.mark.skipif(not _has_bf16_dot(), reason="weights pack only on AVX512_BF16")
+@pytest.mark.skipif(not has_avx512_bf16(), reason="weights pack only on AVX512_BF16")
 def test_weights_pack_at_the_first_step_that_uses_them(monkeypatch):
     """Steps of fewer than PACKED_MIN_ROWS rows never make the packed copies (a draft at batch 1
     keeps its memory); the first step of that many makes them for every layer's four linears and

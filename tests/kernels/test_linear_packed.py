@@ -8,22 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.utils import assert_close
+from tests.utils import assert_close, has_avx512_bf16
 from vllm import _custom_ops as ops
 
 pytestmark = pytest.mark.skipif(not ops.has_kernel("linear_packed", "cpu"),
                                 reason="vllm._C without the CPU packed linear")
 
 
-def _has_bf16_dot() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "avx512_bf16" in f.read()
-    except OSError:
-        return False
-
-
-needs_bf16_dot = pytest.mark.skipif(not _has_bf16_dot(), reason="packs only on AVX512_BF16")
+needs_bf16_dot = pytest.mark.skipif(not has_avx512_bf16(), reason="packs only on AVX512_BF16")
 
 
 def unpack(packed: torch.Tensor) -> torch.Tensor:

@@ -62,6 +62,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> torch.Te
     return torch.nn.functional.linear(x, weight)
 
 
+# _layer_weights' tensors per layer (decode_layers' order: ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w,
+# down_w) and the places of the four linear weights among them
+_TENSORS_PER_LAYER = 7
+_LINEAR_WEIGHTS = (1, 3, 5, 6)
+
+
 def _layer_weights(model: Any) -> Optional[list[torch.Tensor]]:
     """The per-layer tensors decode_layers takes, or None when a layer has a piece it lacks."""
     tensors = []
@@ -83,7 +89,8 @@ def _layer_weights(model: Any) -> Optional[list[torch.Tensor]]:
 def _layer_packed(weights: list[torch.Tensor]) -> list[torch.Tensor]:
     """decode_layers' packed copies of each layer's qkv, o, gate_up and down weights (from
     _layer_weights' list), or none where no weight packs."""
-    packed = [packed_copy(w) for i, w in enumerate(weights) if i % 7 in (1, 3, 5, 6)]
+    packed = [packed_copy(w) for i, w in enumerate(weights)
+              if i % _TENSORS_PER_LAYER in _LINEAR_WEIGHTS]
     return packed if any(p.numel() > 0 for p in packed) else []
 
 
