@@ -25,11 +25,10 @@ constexpr int64_t kGemvMaxRows = 8;
 constexpr int64_t kPrefetchBytes = 2048;
 
 // Input rows from which a bf16 step with a packed copy of its weight runs the packed tiles
-// (linear_packed.cpp), and up to which (above: torch's GEMM, as for the row-major tiles). Paired
+// (linear_packed.cpp; up to kSmallMaxRows, as the row-major tiles). Paired
 // whole forwards, 2-core Zen 4: Qwen2.5-0.5B 1.01x / 0.97x the row-major tiles at 4 / 6 rows,
 // 1.04x at 8, 1.44x at 20; SmolLM2-135M 1.06x at 8, 1.26-1.49x at 16-40; Qwen2.5-1.5B 1.43x at 8.
 constexpr int64_t kPackedMinRows = 8;
-constexpr int64_t kPackedMaxRows = 64;
 
 template <int MB>
 inline void prefetch_ahead(const void* p) {
@@ -103,7 +102,6 @@ constexpr int64_t kTileMinRows = 4;
 // and K = 576 (SmolLM2) the GEMV read 1.03-1.05x faster in its forward (5 of 7 pairs), at K = 896
 // (Qwen2.5-0.5B) the tiles 1.13x.
 constexpr int64_t kTileMinK4 = 768;
-constexpr int64_t kTileMaxRows = 64;  // the most rows linear_rows gives the tiles
 
 // sums[i] = the 16 lanes of a[i] + b[i] added, i < 8, in one transposed tree (15 shuffles for
 // the 8 sums, where a reduction apiece takes 4 each): per 128-bit lane, pairs of rows
@@ -340,21 +338,6 @@ VLLM_BF16_TARGET inline void tile_bf16(c10::BFloat16* out, int64_t ldo, const c1
   }
 }
 
-// tile_bf16<NR, rows> for the rows < MR left over (R counts down to rows).
-template <int NR, int R>
-VLLM_BF16_TARGET inline void tile_rest(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
-                                       int64_t ldx, const c10::BFloat16* w,
-                                       const c10::BFloat16* bias, int64_t k_dim, int64_t n0,
-                                       int64_t m0, int64_t rows) {
-  if constexpr (R > 0) {
-    if (rows == R) {
-      tile_bf16<NR, R>(out, ldo, x, ldx, w, bias, k_dim, n0, m0);
-    } else {
-      tile_rest<NR, R - 1>(out, ldo, x, ldx, w, bias, k_dim, n0, m0, rows);
-    }
-  }
-}
-
 // Weight rows [n, end) against all m_dim input rows: NR weight rows at a time, each group against
 // MR input rows at a time (its rows re-read from cache after the first pass); n is left at the
 // first of the fewer than NR rows that remain.
@@ -367,7 +350,9 @@ VLLM_BF16_TARGET void tiles_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFl
     for (; m + MR <= m_dim; m += MR) {
       tile_bf16<NR, MR>(out, ldo, x, ldx, w, bias, k_dim, n, m);
     }
-    tile_rest<NR, MR - 1>(out, ldo, x, ldx, w, bias, k_dim, n, m, m_dim - m);
+    for_rows_left<MR - 1>(m_dim - m, [&](auto r) {
+      tile_bf16<NR, decltype(r)::value>(out, ldo, x, ldx, w, bias, k_dim, n, m);
+    });
   }
 }
 
@@ -405,11 +390,11 @@ void linear_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_
 #endif
 
 // Whether linear_small_impl beats torch's GEMM at `rows` input rows of `dtype`: up to
-// kGemvMaxRows (8) rows always; bf16 on AVX512_BF16 up to kTileMaxRows (64, register tiles).
+// kGemvMaxRows (8) rows always; bf16 on AVX512_BF16 up to kSmallMaxRows (64, register tiles).
 bool linear_small_pays(at::ScalarType dtype, int64_t rows) {
   if (rows <= kGemvMaxRows) return true;
 #ifdef VLLM_BF16_DOT
-  return dtype == at::kBFloat16 && has_bf16_dot() && rows <= kTileMaxRows;
+  return dtype == at::kBFloat16 && has_bf16_dot() && rows <= kSmallMaxRows;
 #else
   (void)dtype;
   return false;
@@ -474,7 +459,7 @@ template void linear_small_impl<c10::BFloat16>(c10::BFloat16*, int64_t, const c1
 void linear_rows(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                  const at::Tensor* bias, const at::Tensor* packed) {
   const int64_t rows = input.size(0);
-  if (packed != nullptr && rows >= kPackedMinRows && rows <= kPackedMaxRows &&
+  if (packed != nullptr && rows >= kPackedMinRows && rows <= kSmallMaxRows &&
       weight.scalar_type() == at::kBFloat16) {
     auto* o = out.data_ptr<c10::BFloat16>();
     const auto* x = input.data_ptr<c10::BFloat16>();

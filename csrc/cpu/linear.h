@@ -3,6 +3,8 @@
 
 #include <torch/all.h>
 
+#include <type_traits>
+
 // bf16 x bf16 dot products in one instruction (AVX512_BF16: Cooper Lake, Sapphire Rapids, Zen 4),
 // picked at run time (has_bf16_dot): twice the multiply-adds per instruction and no conversion of
 // the weights.
@@ -16,6 +18,23 @@ namespace vllm_cpu {
 
 // Whether this CPU has AVX512_BF16 (and the build its kernels).
 bool has_bf16_dot();
+
+// The most input rows linear_rows gives this file's kernels (the register tiles, row-major or
+// packed); above, torch's GEMM.
+constexpr int64_t kSmallMaxRows = 64;
+
+// f(std::integral_constant<int, rows>{}) for the 1 .. R rows a tile loop leaves over (R counts
+// down to rows; nothing for 0), so that a tile kernel templated on its row count covers them.
+template <int R, typename F>
+inline void for_rows_left(int64_t rows, F&& f) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      f(std::integral_constant<int, R>{});
+    } else {
+      for_rows_left<R - 1>(rows, f);
+    }
+  }
+}
 
 // out[m * ldo + n] = sum_k input[m * ldi + k] * weight[n * k_dim + k] (+ bias[n]), fp32 sums.
 template <typename T>

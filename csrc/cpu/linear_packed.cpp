@@ -117,21 +117,6 @@ VLLM_BF16_TARGET inline void packed_tile(c10::BFloat16* out, int64_t ldo, const 
   }
 }
 
-// packed_tile<NB, rows> for the rows < MR left over (R counts down to rows).
-template <int NB, int R>
-VLLM_BF16_TARGET inline void packed_rest(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
-                                         int64_t ldx, const c10::BFloat16* packed,
-                                         const c10::BFloat16* bias, int64_t n_dim,
-                                         int64_t k_dim, int64_t pb, int64_t m0, int64_t rows) {
-  if constexpr (R > 0) {
-    if (rows == R) {
-      packed_tile<NB, R>(out, ldo, x, ldx, packed, bias, n_dim, k_dim, pb, m0);
-    } else {
-      packed_rest<NB, R - 1>(out, ldo, x, ldx, packed, bias, n_dim, k_dim, pb, m0, rows);
-    }
-  }
-}
-
 // Panels pb .. pb + NB against all m_dim input rows, kTileRows at a time (the panels re-read
 // from cache after the first pass).
 template <int NB>
@@ -143,7 +128,9 @@ VLLM_BF16_TARGET void packed_panels(c10::BFloat16* out, int64_t ldo, const c10::
   for (; m + kTileRows <= m_dim; m += kTileRows) {
     packed_tile<NB, kTileRows>(out, ldo, x, ldx, packed, bias, n_dim, k_dim, pb, m);
   }
-  packed_rest<NB, kTileRows - 1>(out, ldo, x, ldx, packed, bias, n_dim, k_dim, pb, m, m_dim - m);
+  for_rows_left<kTileRows - 1>(m_dim - m, [&](auto r) {
+    packed_tile<NB, decltype(r)::value>(out, ldo, x, ldx, packed, bias, n_dim, k_dim, pb, m);
+  });
 }
 
 }  // namespace
