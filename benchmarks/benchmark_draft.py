@@ -77,17 +77,21 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int) -> list[floa
 def gemm_ms(model: torch.nn.Module, rows: int, path: str, repeats: int = 9) -> float:
     """The step's matmuls alone (every linear weight and the logits' once, `rows` rows), back to
     back, through the path's GEMM (fused: linear_small, which picks its GEMV, its register tiles
-    or torch's GEMM): the part of a forward that is the weight bytes."""
+    or torch's GEMM, with the weights' packed copies from cpu_decode.PACKED_MIN_ROWS rows as the
+    fused forward has them): the part of a forward that is the weight bytes."""
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
     if getattr(model, "tie_word_embeddings", False):
         weights.append(model.model.embed_tokens.weight.detach())
     xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
     outs = {id(w): torch.empty(rows, w.shape[0], dtype=w.dtype) for w in weights}
+    fused = path == "fused" and rows <= cpu_decode.MAX_ROWS
+    packed = {id(w): (cpu_decode.packed_copy(w) if rows >= cpu_decode.PACKED_MIN_ROWS
+                      else w.new_empty(0)) for w in weights} if fused else {}
 
     def run():
         for w in weights:
-            if path == "fused" and rows <= cpu_decode.MAX_ROWS:
-                ops.linear_small(outs[id(w)], xs[w.shape[1]], w, None)
+            if fused:
+                ops.linear_packed(outs[id(w)], xs[w.shape[1]], w, packed[id(w)], None)
             else:
                 F.linear(xs[w.shape[1]], w)
     run()
