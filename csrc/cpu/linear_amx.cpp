@@ -88,7 +88,11 @@ VLLM_AMX_TARGET void load_tile_config() {
     cfg.rows[t] = kTileRows;
     cfg.colsb[t] = 64;
   }
-  _tile_loadconfig(&cfg);
+  // ldtilecfg by hand, reading cfg as a memory operand: GCC 12's _tile_loadconfig does not tell
+  // the compiler that it reads the struct, so the stores of its rows and column widths were
+  // dropped as dead and the tiles left unconfigured (the first tile instruction then raised
+  // SIGILL on an AMX host)
+  asm volatile("ldtilecfg %0" ::"m"(cfg));
 }
 
 // x [m_dim, k_dim] (row stride ldx) into B tiles, one 1 KB tile per k-step: 32-bit word j of x
