@@ -3,8 +3,10 @@ worker runs k times per step) against its floor (the draft's weights plus its KV
 memory bandwidth measured with the same thread count), per model shape, dtype, thread count,
 batch size and CPU decode path (fused: one decode_layers call per step; native: one op per layer
 piece), with the share of the time spent outside the GEMMs (1 - the time of the step's matmuls
-alone, run back to back, over the forward's), the thread count the draft picks at start-up, and
-the top ops from torch's profiler on request. A summary table comes last.
+alone, run back to back, over the forward's), the fused path's time by stage of its
+decode_layers call (the norms, each linear, rotary and cache write, attention, the activation;
+what is left of the forward is the logits, the sampling and the Python around them), the thread
+count the draft picks at start-up, and the top ops from torch's profiler on request. A summary table comes last.
 
     python benchmarks/benchmark_draft.py --model DRAFT[,DRAFT2] [--load-format dummy] \
         [--dtypes float32,bfloat16] [--threads 1,4,16] [--batch-sizes 1,8] \
@@ -125,7 +127,12 @@ def main(args) -> dict:
                     floor = step_floor_ms(model, draft.config, args.context * bs, bandwidth)
                     for path in args.paths.split(","):
                         os.environ["VLLM_CPU_DECODE_PATH"] = path
-                        times = time_forwards(draft, args, bs)[args.warmup:]
+                        cpu_decode.stage_ms = torch.zeros(len(ops.DECODE_STAGES),
+                                                          dtype=torch.float64)
+                        times = time_forwards(draft, args, bs)
+                        stages = (cpu_decode.stage_ms / len(times)).tolist()
+                        cpu_decode.stage_ms = None
+                        times = times[args.warmup:]
                         median = statistics.median(times)
                         gemm = gemm_ms(model, bs, path)
                         row = {"model": name, "dtype": dtype, "threads": n, "batch_size": bs,
@@ -133,12 +140,18 @@ def main(args) -> dict:
                                "max": max(times), "floor_ms": floor, "gemm_ms": gemm,
                                "outside_gemm_share": max(0.0, 1 - gemm / median),
                                "bandwidth_gbps": bandwidth}
+                        if any(stages):  # the fused path's decode_layers, by stage
+                            row["stage_ms"] = dict(zip(ops.DECODE_STAGES, stages))
+                            row["stage_ms"]["outside_decode_layers"] = median - sum(stages)
                         rows.append(row)
                         print(f"{name:<14} {dtype:<9} {n:>3} thr  batch {bs:>2}  {path:<6} "
                               f"{median:7.3f} ms (min {min(times):.3f})  floor {floor:.3f} ms "
                               f"= {median / floor:4.2f}x floor  gemms {gemm:.3f} ms, "
                               f"{100 * row['outside_gemm_share']:3.0f}% outside  "
                               f"({bandwidth:.0f} GB/s)", flush=True)
+                        if "stage_ms" in row:
+                            print("    by stage (ms): " + ", ".join(
+                                f"{k} {v:.3f}" for k, v in row["stage_ms"].items()), flush=True)
             if args.profile:
                 from torch.profiler import ProfilerActivity, profile
                 os.environ["VLLM_CPU_DECODE_PATH"] = args.paths.split(",")[0]

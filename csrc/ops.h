@@ -52,7 +52,8 @@ VLLM_KERNEL_DECLARATIONS
 /* hidden [num_tokens, hidden] (the embedded tokens) -> the final norm's output, in place, through
    every layer; weights: per layer ln1, qkv_w, qkv_b (empty: none), o_w, ln2, gate_up_w, down_w;
    caches and attention metadata as for reshape_and_cache and paged_attention; packed: empty, or
-   per layer pack_linear's copies of qkv_w, o_w, gate_up_w, down_w (each may be empty) */
+   per layer pack_linear's copies of qkv_w, o_w, gate_up_w, down_w (each may be empty);
+   stage_ms: none, or float64 [kDecodeStages] to which each stage's wall time is added */
 void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
                    const std::vector<at::Tensor>& weights, const at::Tensor& final_norm,
                    const at::Tensor& cos_sin_cache, const std::vector<at::Tensor>& key_caches,
@@ -60,7 +61,16 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
                    const at::Tensor& block_tables, const at::Tensor& context_lens,
                    const at::Tensor& query_start_loc, int64_t max_context_len, int64_t num_heads,
                    int64_t num_kv_heads, int64_t head_size, double epsilon, double scale,
-                   bool is_neox, const std::vector<at::Tensor>& packed);
+                   bool is_neox, const std::vector<at::Tensor>& packed,
+                   const std::optional<at::Tensor>& stage_ms);
+// decode_layers' stages, the entries of its optional stage_ms (ms added per stage; the checks
+// and allocations between stages count to the next one): the norms (each layer's two and the
+// final one), the qkv linear, rotary with the cache write, the attention, the o linear, the
+// gate/up linear, silu_and_mul, the down linear.
+enum DecodeStage {
+  kStageNorms, kStageQkv, kStageRotaryCache, kStageAttention, kStageO, kStageGateUp,
+  kStageSilu, kStageDown, kDecodeStages
+};
 // CPU only: a weight's packed copy for the packed tiles (cpu/linear_packed.cpp; empty where this
 // CPU or dtype has none), and linear_small with it.
 at::Tensor pack_linear(const at::Tensor& weight);

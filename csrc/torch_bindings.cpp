@@ -31,7 +31,7 @@ TORCH_LIBRARY(_C, m) {
       "Tensor cos_sin_cache, Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, "
       "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, Tensor query_start_loc, "
       "int max_context_len, int num_heads, int num_kv_heads, int head_size, float epsilon, "
-      "float scale, bool is_neox, Tensor[] packed) -> ()");
+      "float scale, bool is_neox, Tensor[] packed, Tensor(c!)? stage_ms=None) -> ()");
   m.def("pack_linear(Tensor weight) -> Tensor");
   m.def("linear_packed(Tensor! out, Tensor input, Tensor weight, Tensor packed, Tensor? bias) -> ()");
 }

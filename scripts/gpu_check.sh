@@ -9,7 +9,8 @@
 #   drafter spinning or not, its cores); profile: the target step by kernel at PROFILE_SHAPES x
 #   PROFILE_BATCHES, each setting of PROFILE_VARIANTS (below), benchmarks/profile_step.py;
 #   gemv: benchmarks/benchmark_gemv_cuda.py at GEMV_ROWS; draft: DRAFT_THREADS, DRAFT_PATHS,
-#   DRAFT_PROFILE=1 for an op profile of each shape's batch-8 step at all cores)
+#   DRAFT_TAG a suffix for its files, DRAFT_PROFILE=1 for an op profile of each shape's batch-8
+#   step at all cores; the fused rows print decode_layers' time by stage)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too, PAIR_CONTROL_K=k a fixed-k row again after the rest,
 #   PAIR_ADAPTIVE_FIRST=1 the controller's rows also before the fixed ones, PAIR_ROUNDS=R every
@@ -188,10 +189,11 @@ if want draft; then
   done
   "$PY" benchmarks/benchmark_draft.py --model /tmp/draft-20m,/tmp/llama-68m,/tmp/smollm2-135m \
     --load-format dummy --dtypes bfloat16 --threads "${DRAFT_THREADS:-1,2,4,8,16}" --batch-sizes 1,8 \
-    --paths "${DRAFT_PATHS:-fused,native}" --num-forwards 48 --output-json "$OUT_DIR/draft_forward.json" \
-    > "$OUT_DIR/draft_forward.log" 2>&1 || status=1
-  grep "thr  batch" "$OUT_DIR/draft_forward.log" | tail -60
-  grep -A12 "== summary" "$OUT_DIR/draft_forward.log"
+    --paths "${DRAFT_PATHS:-fused,native}" --num-forwards 48 \
+    --output-json "$OUT_DIR/draft_forward${DRAFT_TAG:-}.json" \
+    > "$OUT_DIR/draft_forward${DRAFT_TAG:-}.log" 2>&1 || status=1
+  grep -E "thr  batch|by stage" "$OUT_DIR/draft_forward${DRAFT_TAG:-}.log" | tail -90
+  grep -A12 "== summary" "$OUT_DIR/draft_forward${DRAFT_TAG:-}.log"
   if [ -n "${DRAFT_PROFILE:-}" ]; then  # where a batch-8 step goes at all cores, by op
     "$PY" benchmarks/benchmark_draft.py --model /tmp/draft-20m,/tmp/llama-68m,/tmp/smollm2-135m \
       --load-format dummy --dtypes bfloat16 --threads "$(nproc)" --batch-sizes 8 --paths fused \
@@ -245,14 +247,16 @@ if want goodput; then
   for bs in ${GOODPUT_BATCHES:-1 8 32}; do
     # GOODPUT_MODES: plain, and the speculative run as spec-spinauto / spec-spinoff
     # (VLLM_DRAFTER_SPIN: a spinning drafter may slow the engine's plain steps, e.g. by the
-    # host's all-core clock) and spec-cpushalf (the drafter on the upper half of the cores, the
+    # host's all-core clock), spec-spinlong (spinning for 1 s after each proposal, the window
+    # before VLLM_DRAFTER_SPIN_IDLE_S's 0.05 s) and spec-cpushalf (the drafter on the upper half of the cores, the
     # engine on the lower half, instead of the engine on the first two: an engine pinned to the
     # cores that take the interrupts may run its host work slower)
     for mode in ${GOODPUT_MODES:-plain spec-spinauto spec-spinoff spec-cpushalf}; do
-      flags="" spin=auto
+      flags="" spin=auto idle=0.05
       if [ $mode != plain ]; then
         flags="--speculative-model /tmp/llama-68m --cpu-draft-worker --num-speculative-tokens 4"
         case $mode in
+          spec-spinlong) idle=1.0 ;;  # the window before the sixteenth session
           spec-spin*) spin=${mode#spec-spin} ;;
           spec-cpushalf) flags="$flags --speculative-draft-cpus $(( $(nproc) / 2 ))-$(( $(nproc) - 1 ))" ;;
         esac
@@ -260,7 +264,7 @@ if want goodput; then
       json="$OUT_DIR/goodput_never_${mode}_b$bs.json" rep=2  # a mode listed twice: _rep2, ...
       while [ -e "$json" ]; do json="$OUT_DIR/goodput_never_${mode}_b${bs}_rep$rep.json"; rep=$((rep + 1)); done
       echo "-- batch $bs, $mode"
-      VLLM_DRAFTER_SPIN=$spin "$PY" benchmarks/benchmark_latency.py \
+      VLLM_DRAFTER_SPIN=$spin VLLM_DRAFTER_SPIN_IDLE_S=$idle "$PY" benchmarks/benchmark_latency.py \
         --model /tmp/llama-2-7b --load-format dummy \
         --dtype bfloat16 --max-model-len 1024 $flags --batch-size $bs --input-len 128 \
         --output-len 128 --num-iters 3 --temperature 0 --max-num-seqs 32 \

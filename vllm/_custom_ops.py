@@ -1,6 +1,7 @@
 """Typed wrappers over the ops of vllm._C (csrc/torch_bindings.cpp). PyTorch's dispatcher runs
 the CPU or the CUDA kernel by the tensors' device; `has_kernel` says whether one exists."""
 import functools
+from typing import Optional
 
 import torch
 
@@ -114,13 +115,19 @@ def decode_layers(hidden: torch.Tensor, positions: torch.Tensor, weights: list[t
                   context_lens: torch.Tensor, query_start_loc: torch.Tensor,
                   max_context_len: int, num_heads: int, num_kv_heads: int, head_size: int,
                   epsilon: float, scale: float, is_neox: bool,
-                  packed: "list[torch.Tensor] | None" = None) -> None:
+                  packed: "list[torch.Tensor] | None" = None,
+                  stage_ms: Optional[torch.Tensor] = None) -> None:
     """Every decoder layer and the final norm over hidden (the embedded tokens), in place.
-    packed: none, or per layer pack_linear's copies of qkv, o, gate_up and down."""
+    packed: none, or per layer pack_linear's copies of qkv, o, gate_up and down. stage_ms: none,
+    or float64 [len(DECODE_STAGES)] to which each stage's wall time (ms) is added."""
     _call("decode_layers", hidden.device, hidden, positions, weights, final_norm, cos_sin_cache,
           key_caches, value_caches, slot_mapping, block_tables, context_lens, query_start_loc,
           max_context_len, num_heads, num_kv_heads, head_size, epsilon, scale, is_neox,
-          packed or [])
+          packed or [], stage_ms)
+
+
+# decode_layers' stages, in its stage_ms order (csrc/ops.h, DecodeStage)
+DECODE_STAGES = ("norms", "qkv", "rotary_cache", "attention", "o", "gate_up", "silu", "down")
 
 
 def pack_linear(weight: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,13 @@ def _gemv_rows(raw: str) -> int:
     return 8 if _flag(raw) else 0
 
 
+def _positive_seconds(raw: str) -> float:
+    value = float(raw)
+    if not 0 < value <= 60:
+        raise ValueError("expected seconds, more than 0 and at most 60")
+    return value
+
+
 def _one_of(*choices: str) -> Callable[[str], str]:
     """A parser of one of choices (any case)."""
     def parse(raw: str) -> str:
@@ -86,9 +93,15 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_LOGGING_LEVEL": (str.upper, "INFO", "log level of the vllm logger"),
     "VLLM_DRAFTER_SPIN": (_auto_flag, "auto",
                           "the draft process busy-waits while proposals come (its torch "
-                          "threads and its main thread, for up to about a second after the "
-                          "last one) instead of sleeping between them: auto (when it is pinned "
-                          "to cores of its own: a GPU target, 4+ cores), on, off"),
+                          "threads and its main thread, for VLLM_DRAFTER_SPIN_IDLE_S after "
+                          "the last one) instead of sleeping between them: auto (when it is "
+                          "pinned to cores of its own: a GPU target, 4+ cores), on, off"),
+    "VLLM_DRAFTER_SPIN_IDLE_S": (_positive_seconds, 0.05,
+                                 "how long a spinning draft process keeps busy-waiting after "
+                                 "its last proposal before it sleeps (its torch threads about "
+                                 "as long): long enough to span a verification step, short "
+                                 "enough that it rests while the goodput controller decodes "
+                                 "plainly"),
 }
 
 

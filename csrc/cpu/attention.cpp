@@ -14,6 +14,8 @@ namespace {
 constexpr int64_t kMaxRows = 64;
 // Keys per part at least, where a decode task is split across threads.
 constexpr int64_t kMinPartKeys = 64;
+// How far ahead of the key being scored its successors' cache rows are prefetched.
+constexpr int64_t kPrefetchKeys = 32;
 
 struct Task {
   int64_t seq, kv_head, q_begin, q_end;  // query tokens [q_begin, q_end) of sequence seq
@@ -50,6 +52,16 @@ struct AttentionTask {
   const T* cache_row(const T* cache, int64_t kv_head, int64_t pos) const {
     const int64_t block = block_table[pos / block_size];
     return cache + ((block * num_kv_heads + kv_head) * block_size + pos % block_size) * HEAD_SIZE;
+  }
+
+  // Cache rows [j, min(j + n, end)) of the task's KV head towards L2 ahead of their use: a
+  // sequence's blocks are scattered pages, and the hardware prefetchers stop at each page's end,
+  // so without it every block starts with its rows' full memory latency.
+  void prefetch_rows(const T* cache, int64_t kv_head, int64_t j, int64_t n, int64_t end) const {
+    for (int64_t i = j; i < std::min(j + n, end); ++i) {
+      const char* row = reinterpret_cast<const char*>(cache_row(cache, kv_head, i));
+      for (size_t b = 0; b < HEAD_SIZE * sizeof(T); b += 64) __builtin_prefetch(row + b, 0, 2);
+    }
   }
 
   // Row r's scores (its first first_visible + r / group) -> exp(s - max), unnormalised;
@@ -114,7 +126,11 @@ struct AttentionTask {
 #ifdef CPU_CAPABILITY_AVX512
     const int64_t seen_by_all = std::min(k1, first_visible);
     float keys[16 * HEAD_SIZE];
+    prefetch_rows(key_cache, task.kv_head, j, kPrefetchKeys, k1);
     for (; j + 16 <= seen_by_all; j += 16) {
+      // the keys kPrefetchKeys on, and these keys' values for the weighted sum that follows
+      prefetch_rows(key_cache, task.kv_head, j + kPrefetchKeys, 16, k1);
+      prefetch_rows(value_cache, task.kv_head, j, 16, k1);
       load_key_block(task, j, keys);
       for (int64_t r = 0; r < rows; ++r) {
         fVec q[kVecs];

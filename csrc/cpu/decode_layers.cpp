@@ -5,6 +5,8 @@
 // a Python round trip and dispatcher call per op: the step costs its weight bytes. The linears are
 // linear_small's (linear_rows: its GEMV or register tiles where they pay, else torch's GEMM), or
 // the packed tiles on the weights' packed copies where those are given and pay.
+#include <chrono>
+
 #include "cpu/linear.h"
 #include "cpu/vec.h"
 #include "ops.h"
@@ -33,6 +35,33 @@ void check_weight(const at::Tensor& w, int64_t rows, int64_t cols, const at::Ten
               "] tensor of the hidden state's dtype, got ", w.sizes(), " ", w.scalar_type());
 }
 
+// Where a step's time goes (benchmarks/benchmark_draft.py): with a stage_ms tensor given, each
+// stage's wall time in ms is added to its entry (kDecodeStages, ops.h names them); else nothing
+// is timed.
+class StageClock {
+ public:
+  explicit StageClock(const std::optional<at::Tensor>& stage_ms) {
+    if (!stage_ms.has_value()) return;
+    TORCH_CHECK(stage_ms->scalar_type() == at::kDouble && stage_ms->is_contiguous() &&
+                    stage_ms->numel() == kDecodeStages && stage_ms->device().is_cpu(),
+                "stage_ms must be a contiguous CPU float64 tensor of ", kDecodeStages,
+                " entries, got ", stage_ms->sizes(), " ", stage_ms->scalar_type());
+    ms_ = stage_ms->data_ptr<double>();
+    last_ = std::chrono::steady_clock::now();
+  }
+  // the time since the last mark goes to stage
+  void mark(DecodeStage stage) {
+    if (ms_ == nullptr) return;
+    const auto now = std::chrono::steady_clock::now();
+    ms_[stage] += std::chrono::duration<double, std::milli>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  double* ms_ = nullptr;
+  std::chrono::steady_clock::time_point last_;
+};
+
 }  // namespace
 
 void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
@@ -42,7 +71,9 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
                    const at::Tensor& block_tables, const at::Tensor& context_lens,
                    const at::Tensor& query_start_loc, int64_t max_context_len, int64_t num_heads,
                    int64_t num_kv_heads, int64_t head_size, double epsilon, double scale,
-                   bool is_neox, const std::vector<at::Tensor>& packed) {
+                   bool is_neox, const std::vector<at::Tensor>& packed,
+                   const std::optional<at::Tensor>& stage_ms) {
+  StageClock clock(stage_ms);
   const int64_t num_layers = static_cast<int64_t>(key_caches.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kTensorsPerLayer * num_layers &&
                   value_caches.size() == key_caches.size(),
@@ -75,8 +106,10 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
     } else {
       fused_add_rms_norm(x, residual, w[0], epsilon);
     }
+    clock.mark(kStageNorms);
     at::Tensor qkv = at::empty({m, qkv_w.size(0)}, opts);
     linear_rows(qkv, x, qkv_w, qkv_b, packed_of(packed, l, 0, qkv_w));
+    clock.mark(kStageQkv);
     at::Tensor q = qkv.narrow(1, 0, q_size);
     at::Tensor k = qkv.narrow(1, q_size, kv_size);
     at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size);
@@ -86,19 +119,27 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
     at::Tensor kc = key_caches[l], vc = value_caches[l];
     reshape_and_cache(k3, v3, kc, vc, slot_mapping);
     at::Tensor q3 = q.contiguous().view({m, num_heads, head_size});
+    clock.mark(kStageRotaryCache);
     paged_attention(attn, q3, kc, vc, block_tables, context_lens, query_start_loc,
                     max_context_len, scale);
+    clock.mark(kStageAttention);
     at::Tensor attn2 = attn.view({m, q_size});
     linear_rows(x, attn2, w[3], nullptr, packed_of(packed, l, 1, w[3]));
+    clock.mark(kStageO);
     fused_add_rms_norm(x, residual, w[4], epsilon);
+    clock.mark(kStageNorms);
     const at::Tensor& gate_up_w = w[5];
     at::Tensor gate_up = at::empty({m, gate_up_w.size(0)}, opts);
     linear_rows(gate_up, x, gate_up_w, nullptr, packed_of(packed, l, 2, gate_up_w));
+    clock.mark(kStageGateUp);
     at::Tensor act = at::empty({m, gate_up_w.size(0) / 2}, opts);
     silu_and_mul(act, gate_up);
+    clock.mark(kStageSilu);
     linear_rows(x, act, w[6], nullptr, packed_of(packed, l, 3, w[6]));
+    clock.mark(kStageDown);
   }
   fused_add_rms_norm(x, residual, final_norm, epsilon);
+  clock.mark(kStageNorms);
 }
 
 }  // namespace vllm_cpu

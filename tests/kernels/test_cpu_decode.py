@@ -226,6 +226,29 @@ def test_only_small_steps_take_the_fused_path(monkeypatch):
     run(model, caches, md, ids, positions, "native", monkeypatch)  # the reference setting
 
 
+def test_stage_clock_times_every_stage_and_changes_nothing(monkeypatch):
+    """decode_layers with cpu_decode.stage_ms set: the same hidden states and caches bit for
+    bit, every stage's entry grows, and a tensor of the wrong kind is refused by name."""
+    model, config = make_model("llama-gqa", torch.bfloat16)
+    caches, md, positions = make_step(config, torch.bfloat16, [9, 30, 2], [1, 1, 2])
+    ids = torch.randint(0, config.vocab_size, (len(positions),),
+                        generator=torch.Generator().manual_seed(2))
+    hidden, _, new_caches = run(model, caches, md, ids, positions, "fused", monkeypatch)
+    monkeypatch.setattr(cpu_decode, "stage_ms", torch.zeros(len(ops.DECODE_STAGES),
+                                                            dtype=torch.float64))
+    for step in range(2):
+        before = cpu_decode.stage_ms.clone()
+        timed, _, timed_caches = run(model, caches, md, ids, positions, "fused", monkeypatch)
+        assert torch.equal(timed, hidden)
+        for (k, v), (tk, tv) in zip(new_caches, timed_caches):
+            assert torch.equal(k, tk) and torch.equal(v, tv)
+        grew = cpu_decode.stage_ms > before
+        assert grew.all(), f"stages not timed: {[n for n, g in zip(ops.DECODE_STAGES, grew) if not g]}"
+    monkeypatch.setattr(cpu_decode, "stage_ms", torch.zeros(len(ops.DECODE_STAGES)))
+    with pytest.raises(RuntimeError, match="stage_ms must be a contiguous CPU float64"):
+        run(model, caches, md, ids, positions, "fused", monkeypatch)
+
+
 def test_opcheck():
     model, config = make_model("qwen2-bias", torch.float32)
     caches, md, positions = make_step(config, torch.float32, [20, 5], [2, 1])

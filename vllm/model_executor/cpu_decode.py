@@ -22,6 +22,10 @@ MAX_ROWS = 64
 # 1.44x at 20); fewer rows never make the copies (a draft at batch 1 keeps its memory)
 PACKED_MIN_ROWS = 8
 DTYPES = (torch.float32, torch.bfloat16)
+# where a step's time goes: set to a float64 tensor of len(ops.DECODE_STAGES) zeros, every
+# decode_layers call adds each stage's milliseconds to it (benchmarks/benchmark_draft.py); None:
+# nothing is timed
+stage_ms: Optional[torch.Tensor] = None
 
 
 def rows_apply(x: torch.Tensor) -> bool:
@@ -125,5 +129,5 @@ def forward(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Option
                       [v for _, v in ctx.kv_caches], md.slot_mapping, md.block_tables,
                       md.context_lens, md.query_start_loc, md.max_context_len, attn.num_heads,
                       attn.num_kv_heads, attn.head_dim, model.norm.variance_epsilon,
-                      attn.attn.scale, True, packed)
+                      attn.attn.scale, True, packed, stage_ms)
     return hidden

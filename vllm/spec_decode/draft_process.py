@@ -44,11 +44,18 @@ logger = init_logger(__name__)
 
 MAX_CONSECUTIVE_FAILURES = 5
 START_TIMEOUT_S = 600.0
-# a spinning drafter polls its pipe for this long after its last answer, then sleeps on it
-SPIN_IDLE_S = 1.0
-# and its torch (OpenMP) threads spin this many rounds for the next parallel region before they
-# sleep: about 0.1 to 1 s, by the cost of the core's pause instruction
-GOMP_SPIN_COUNT = 20_000_000
+# A spinning drafter polls its pipe for VLLM_DRAFTER_SPIN_IDLE_S after its last answer, then
+# sleeps on it; its torch (OpenMP) threads spin for the next parallel region about as long
+# (GOMP_SPINCOUNT rounds; a round took ~11 ns on a Xeon: 20M rounds kept a thread busy 0.22 s).
+# The window spans the verification between two proposals (5-20 ms on the H200), not the plain
+# steps the goodput controller takes when drafting does not pay: with a 1 s window a
+# never-accepted draft's probes kept its cores busy through them (run 22: the plain steps of a
+# speculative engine 0.25 ms slower in their execution than plain decoding's).
+SPIN_ROUND_S = 11e-9
+
+
+def gomp_spin_count(spin_idle_s: float) -> int:
+    return int(spin_idle_s / SPIN_ROUND_S)
 
 
 @dataclass
@@ -115,7 +122,7 @@ def _drafter_main() -> None:
     while True:
         try:
             if spin:  # awake for the next step while steps come
-                wake_until = time.monotonic() + SPIN_IDLE_S
+                wake_until = time.monotonic() + envs.VLLM_DRAFTER_SPIN_IDLE_S
                 while not conn.poll(0) and time.monotonic() < wake_until:
                     pass
             step = conn.recv()
@@ -201,7 +208,8 @@ class DraftProcessProposer(Proposer):
 
     def _start(self) -> None:
         # libgomp reads its spin count when torch loads, so it is set at the process's start
-        env = {"GOMP_SPINCOUNT": str(GOMP_SPIN_COUNT)} if self.spins else None
+        env = ({"GOMP_SPINCOUNT": str(gomp_spin_count(envs.VLLM_DRAFTER_SPIN_IDLE_S))}
+               if self.spins else None)
         self.proc, self.conn = start_process("vllm.spec_decode.draft_process", "Drafter",
                                              (self.target_config, self.cpus, self.spins), env)
         # a proposer dropped without shutdown() still takes its process with it
