@@ -26,7 +26,7 @@ from vllm.forward_context import set_forward_context  # noqa: E402
 from vllm.worker.cuda_graph import CudaGraphRunner  # noqa: E402
 
 CATEGORIES = (("attention", r"paged_attention|attention|flash|fmha"),
-              ("gemm", r"gemm|cutlass|nvjet|sm90|sm100|xmma|cublas|splitk"),
+              ("gemm", r"gemm|linear_small|cutlass|nvjet|sm90|sm100|xmma|cublas|splitk"),
               ("norm", r"rms_norm|layer_norm|norm"),
               ("rotary", r"rotary|rope"),
               ("activation", r"silu|gelu|act_and_mul"),

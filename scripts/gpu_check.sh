@@ -32,13 +32,14 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after run 22: the draft stage at DRAFT_THREADS=4,8,16 with AMX's new
-#   default (auto: 8-16 rows, before the packed copies) against VLLM_CPU_AMX=0, for issue 10's
-#   batch 8 / batch 1 in whole forwards, with DRAFT_PROFILE=1 for where the rest of batch 8 goes
-#   (73-79% of it outside the GEMMs at 16 threads in run 22); the never-accepted draft with
-#   GOODPUT_MODES="plain spec-spinauto spec-spinoff spec-cpushalf plain spec-spinauto" at
-#   GOODPUT_BATCHES="1 8 32" (run 22: 0.87-0.91x, an execute gap of +0.25 ms a plain step);
-#   then issue 15 (PROFILE_SHAPES, the target step by kernel). A lease's start has taken 1-6
+#   (the next lease's plan, after run 23: the served sweep at HEAD (SERVE_LAYOUTS=mp
+#   SERVE_CONFIGS=plain,goodput SERVE_K=4 SERVE_ROUNDS=2: issue 13's served bars, last measured in
+#   run 20, before the drafter's spin window fell from 1 s to VLLM_DRAFTER_SPIN_IDLE_S=0.05);
+#   the draft stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused) for issue 10's batch 8, whose stage
+#   clock in run 23 put SmolLM2's extra batch-8 time in its single-threaded small ops (norms,
+#   silu_and_mul, rotary + cache: +1.05 ms of +3.36), the attention (+0.86) and the down
+#   projection on AMX (+0.65); then issue 15 (PROFILE_SHAPES, the target step by kernel: at 7B
+#   batch 1 the GEMV is at the floor and 0.72 ms is the rest). A lease's start has taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
 #   a pair stage is ~4 min with its training, ~1 min more per extra round)
