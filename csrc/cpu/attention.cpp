@@ -40,6 +40,7 @@ struct AttentionTask {
   const int* block_table;  // this sequence's row of block_tables
   T* out;                  // [num_tokens, num_heads, HEAD_SIZE]
   int64_t num_heads, num_kv_heads, block_size;
+  int block_shift;  // log2(block_size): a key's block and row by shift and mask, not division
   float scale;
 
   // Element offset of row r = (token r / group, group member r % group) of a task's query and
@@ -50,8 +51,9 @@ struct AttentionTask {
   }
 
   const T* cache_row(const T* cache, int64_t kv_head, int64_t pos) const {
-    const int64_t block = block_table[pos / block_size];
-    return cache + ((block * num_kv_heads + kv_head) * block_size + pos % block_size) * HEAD_SIZE;
+    const int64_t block = block_table[pos >> block_shift];
+    return cache +
+           ((block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1))) * HEAD_SIZE;
   }
 
   // Cache rows [j, min(j + n, end)) of the task's KV head towards L2 ahead of their use: a
@@ -71,8 +73,17 @@ struct AttentionTask {
     for (int64_t r = 0; r < rows; ++r) {
       float* s = scores + r * max_visible;
       const int64_t n = first_visible + r / group;
-      float max_score = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n; ++j) max_score = std::max(max_score, s[j]);
+      // the max a vector at a time (a scalar max's dependency chain took a fifth of a 7-row
+      // GQA task's time); the tail's lanes padded with -inf
+      const float neg_inf = -std::numeric_limits<float>::infinity();
+      fVec vmax(neg_inf);
+      for_each_vec(n, [&](int64_t j, int w) {
+        fVec x = fVec::loadu(s + j, w);
+        if (w < kVecSize) x = fVec::set(fVec(neg_inf), x, w);
+        vmax = at::vec::maximum(vmax, x);
+      });
+      const float max_score = at::vec::vec_reduce_all<float>(
+          [](const fVec& a, const fVec& b) { return at::vec::maximum(a, b); }, vmax);
       if (row_max != nullptr) row_max[r] = max_score;
       fVec sum(0.f);
       const fVec m(max_score);
@@ -88,10 +99,11 @@ struct AttentionTask {
   }
 
 #ifdef CPU_CAPABILITY_AVX512
-  // K rows j .. j + 15 of the task's KV head, in fp32, into keys (HEAD_SIZE floats each).
-  void load_key_block(const Task& task, int64_t j, float* keys) const {
+  // Cache rows j .. j + 15 of the task's KV head (of cache: the keys or the values), in fp32,
+  // into keys (HEAD_SIZE floats each).
+  void load_key_block(const T* cache, const Task& task, int64_t j, float* keys) const {
     for (int b = 0; b < 16; ++b) {
-      const T* src = cache_row(key_cache, task.kv_head, j + b);
+      const T* src = cache_row(cache, task.kv_head, j + b);
       for (int v = 0; v < kVecs; ++v) {
         load_float(src + v * kVecSize).store(keys + b * HEAD_SIZE + v * kVecSize);
       }
@@ -116,6 +128,37 @@ struct AttentionTask {
   }
 #endif
 
+  // acc[r] += sum_j p[r, j] v_j over the keys every row sees (j < first_visible), 16 at a time:
+  // their V rows in fp32 once (load_key_block), then each row's weighted sum in registers, for
+  // a task of more rows than run_rows keeps in registers (the accumulators were loaded and
+  // stored for every key and row: Qwen2.5-0.5B's 7-row GQA groups at batch 8 spent 3x the
+  // attention's KV bytes in them). Returns the first key left (k0 without AVX-512).
+  int64_t pv_blocks(const Task& task, int64_t k0, int64_t k1, int64_t first_visible,
+                    int64_t rows, int64_t width, const float* scores, float* acc) const {
+    int64_t j = k0;
+#ifdef CPU_CAPABILITY_AVX512
+    const int64_t seen_by_all = std::min(k1, first_visible);
+    float values[16 * HEAD_SIZE];
+    for (; j + 16 <= seen_by_all; j += 16) {
+      load_key_block(value_cache, task, j, values);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* a = acc + r * HEAD_SIZE;
+        const float* p = scores + r * width + j - k0;
+        fVec sum[kVecs];
+        for (int v = 0; v < kVecs; ++v) sum[v] = fVec::loadu(a + v * kVecSize);
+        for (int b = 0; b < 16; ++b) {
+          const fVec w(p[b]);
+          for (int v = 0; v < kVecs; ++v) {
+            sum[v] = at::vec::fmadd(w, fVec::loadu(values + b * HEAD_SIZE + v * kVecSize), sum[v]);
+          }
+        }
+        for (int v = 0; v < kVecs; ++v) sum[v].store(a + v * kVecSize);
+      }
+    }
+#endif
+    return j;
+  }
+
   // The scores of the keys every row sees (j < first_visible), 16 at a time (score_block):
   // scores[r * width + j - k0] for rows r < rows and j from k0 up to the returned key, where the
   // per-key loop takes over (k0 without AVX-512). query_row(r, out): row r's scaled query.
@@ -131,7 +174,7 @@ struct AttentionTask {
       // the keys kPrefetchKeys on, and these keys' values for the weighted sum that follows
       prefetch_rows(key_cache, task.kv_head, j + kPrefetchKeys, 16, k1);
       prefetch_rows(value_cache, task.kv_head, j, 16, k1);
-      load_key_block(task, j, keys);
+      load_key_block(key_cache, task, j, keys);
       for (int64_t r = 0; r < rows; ++r) {
         fVec q[kVecs];
         query_row(r, q);
@@ -303,8 +346,11 @@ struct AttentionTask {
     std::vector<float> inv_sum(rows), row_max(rows);
     softmax_rows(scores.data(), rows, width, part != nullptr ? width : first_visible, group,
                  inv_sum.data(), row_max.data());
-    // acc[r] += p[r, j] * v_j; each V row is loaded once.
-    for (int64_t j = k0; j < k1; ++j) {
+    // acc[r] += p[r, j] * v_j; each V row is loaded once: 16 at a time into fp32 where every
+    // row sees them (pv_blocks), then one by one.
+    for (int64_t j = pv_blocks(task, k0, k1, first_visible, rows, width, scores.data(),
+                               acc.data());
+         j < k1; ++j) {
       const T* v_row = cache_row(value_cache, task.kv_head, j);
       fVec vv[kVecs];
       for (int v = 0; v < kVecs; ++v) vv[v] = load_float(v_row + v * kVecSize);
@@ -346,6 +392,8 @@ void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cach
   const int* ctx = context_lens.data_ptr<int>();
   const int* qsl = query_start_loc.data_ptr<int>();
   const int64_t max_blocks = block_tables.size(1), block_size = key_cache.size(2);
+  TORCH_CHECK(block_size > 0 && (block_size & (block_size - 1)) == 0,
+              "paged_attention on the CPU takes a power-of-two block size, got ", block_size);
   std::vector<Task> tasks;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = qsl[s + 1] - qsl[s];
@@ -363,6 +411,7 @@ void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cach
   AttentionTask<T, HEAD_SIZE> kernel{query.data_ptr<T>(), key_cache.data_ptr<T>(),
                                      value_cache.data_ptr<T>(), nullptr, out.data_ptr<T>(),
                                      num_heads, num_kv_heads, block_size,
+                                     __builtin_ctzll(static_cast<uint64_t>(block_size)),
                                      static_cast<float>(scale)};
   const int* tables = block_tables.data_ptr<int>();
   // One thread for a small call: below ~64K multiply-adds and 32 KB of K/V together, waking

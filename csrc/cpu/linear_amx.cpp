@@ -80,13 +80,14 @@ int64_t amx_min_rows() {
   return 1;
 }
 
-VLLM_AMX_TARGET void load_tile_config() {
+// Tiles 0 .. 7 of rows[t] rows of 64 bytes each (0: unused).
+VLLM_AMX_TARGET void load_tile_config(const uint8_t (&rows)[8]) {
   TileConfig cfg;
   std::memset(&cfg, 0, sizeof(cfg));
   cfg.palette_id = 1;
-  for (int t = 0; t < 5; ++t) {
-    cfg.rows[t] = kTileRows;
-    cfg.colsb[t] = 64;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = rows[t];
+    cfg.colsb[t] = rows[t] > 0 ? 64 : 0;
   }
   // ldtilecfg by hand, reading cfg as a memory operand: GCC 12's _tile_loadconfig does not tell
   // the compiler that it reads the struct, so the stores of its rows and column widths were
@@ -173,7 +174,7 @@ bool linear_amx_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, in
   // at least ~32 KB of weights per thread, as the GEMV
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kTileRows));
   at::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
-    load_tile_config();
+    load_tile_config({16, 16, 16, 16, 16, 0, 0, 0});
     alignas(64) float c[2 * 256];
     const int64_t end_row = end * kTileRows;
     int64_t b = begin;
@@ -196,7 +197,106 @@ bool linear_amx_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, in
   return true;
 }
 
+namespace {
+
+constexpr int kPackedPanels = 4;  // accumulator tiles: 4 panels of 16 outputs per pass
+
+// The packed copy's panels pb .. pb + NB against the m_dim input rows: the input rows are the A
+// operand (m_dim rows x 32 columns per k-step, read in place), the packed panel's k-step the B
+// operand (its 16 column pairs x 16 weight rows are the 1 KB at panel + 512 s: the tile layout
+// itself). C tile t = out[m][16 (pb + t) + n], m_dim rows x 16 fp32, stored to c + 256 t.
+template <int NB>
+VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t ldx,
+                                       const c10::BFloat16* packed, int64_t pairs,
+                                       int64_t steps, int64_t pb) {
+  static_assert(NB >= 1 && NB <= kPackedPanels, "4 accumulator tiles");
+  _tile_zero(0);
+  if constexpr (NB > 1) _tile_zero(1);
+  if constexpr (NB > 2) _tile_zero(2);
+  if constexpr (NB > 3) _tile_zero(3);
+  const c10::BFloat16* b0 = packed + pb * pairs * 2 * kPackRows;
+  const int64_t panel = pairs * 2 * kPackRows;  // elements per panel
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(4, x + s * kTileK, ldx * 2);
+    const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
+    _tile_loadd(5, b, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (NB > 1) {
+      _tile_loadd(6, b + panel, 64);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    if constexpr (NB > 2) {
+      _tile_loadd(7, b + 2 * panel, 64);
+      _tile_dpbf16ps(2, 4, 7);
+    }
+    if constexpr (NB > 3) {
+      _tile_loadd(5, b + 3 * panel, 64);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  _tile_stored(0, c, 64);
+  if constexpr (NB > 1) _tile_stored(1, c + 256, 64);
+  if constexpr (NB > 2) _tile_stored(2, c + 512, 64);
+  if constexpr (NB > 3) _tile_stored(3, c + 768, 64);
+}
+
+// out[m][16 (pb + t) + n] = c[256 t + 16 m + n] (+ bias), for the columns below n_dim.
+void write_panels(c10::BFloat16* out, int64_t ldo, const float* c, const c10::BFloat16* bias,
+                  int64_t m_dim, int64_t n_dim, int64_t pb, int nb) {
+  for (int t = 0; t < nb; ++t) {
+    const int64_t n0 = (pb + t) * kPackRows;
+    const int64_t width = std::min<int64_t>(kPackRows, n_dim - n0);
+    for (int64_t m = 0; m < m_dim; ++m) {
+      const float* cm = c + 256 * t + 16 * m;
+      for (int64_t n = 0; n < width; ++n) {
+        const float b = bias != nullptr ? static_cast<float>(bias[n0 + n]) : 0.f;
+        out[m * ldo + n0 + n] = static_cast<c10::BFloat16>(cm[n] + b);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
+                            int64_t ldx, const c10::BFloat16* packed, const c10::BFloat16* bias,
+                            int64_t m_dim, int64_t n_dim, int64_t k_dim) {
+  if (m_dim > kMaxRows || m_dim < amx_min_rows() || k_dim % kTileK != 0 || !amx_usable()) {
+    return false;
+  }
+  const int64_t pairs = k_dim / 2, steps = k_dim / kTileK;
+  const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
+  const int64_t groups = (panels + kPackedPanels - 1) / kPackedPanels;
+  // at least ~32 KB of weights per thread, as the GEMV
+  const int64_t grain =
+      std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * kPackedPanels));
+  const auto m = static_cast<uint8_t>(m_dim);
+  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+    load_tile_config({m, m, m, m, m, 16, 16, 16});
+    alignas(64) float c[kPackedPanels * 256];
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t pb = g * kPackedPanels;
+      const int nb = static_cast<int>(std::min<int64_t>(kPackedPanels, panels - pb));
+      switch (nb) {
+        case 4: packed_panels_amx<4>(c, x, ldx, packed, pairs, steps, pb); break;
+        case 3: packed_panels_amx<3>(c, x, ldx, packed, pairs, steps, pb); break;
+        case 2: packed_panels_amx<2>(c, x, ldx, packed, pairs, steps, pb); break;
+        default: packed_panels_amx<1>(c, x, ldx, packed, pairs, steps, pb); break;
+      }
+      write_panels(out, ldo, c, bias, m_dim, n_dim, pb, nb);
+    }
+    release_tiles();
+  });
+  return true;
+}
+
 #else
+
+bool linear_amx_packed_bf16(c10::BFloat16*, int64_t, const c10::BFloat16*, int64_t,
+                            const c10::BFloat16*, const c10::BFloat16*, int64_t, int64_t,
+                            int64_t) {
+  return false;
+}
 
 bool linear_amx_bf16(c10::BFloat16*, int64_t, const c10::BFloat16*, int64_t,
                      const c10::BFloat16*, const c10::BFloat16*, int64_t, int64_t, int64_t) {

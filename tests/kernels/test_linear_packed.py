@@ -103,3 +103,26 @@ def test_opcheck():
                           (torch.empty(9, 40, dtype=torch.bfloat16),
                            torch.randn(9, 64, dtype=torch.bfloat16), w, ops.pack_linear(w),
                            torch.randn(40, dtype=torch.bfloat16)))
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("amx", ["0", "auto", "all"])
+@pytest.mark.parametrize("m", [1, 3, 8, 11, 16, 17])
+# n: whole groups of 4 panels (2048), 1-3 panels left over after them (48, 80 + a 4-row tail:
+# 84), fewer rows than a panel (12); k: multiples of the tiles' 32 columns, one that is not (48)
+@pytest.mark.parametrize("n,k", [(2048, 576), (48, 64), (84, 96), (12, 64), (64, 48)])
+def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
+    """Packed weights through AMX tiles where the CPU has them (VLLM_CPU_AMX: 0 never, auto
+    8-16 rows, all 1-16; K a multiple of 32), the packed AVX512 tiles or linear_small's kernels
+    elsewhere: the reference's sums, strided input and out rows and a bias included."""
+    monkeypatch.setenv("VLLM_CPU_AMX", amx)
+    torch.manual_seed(m * n + k)
+    x = torch.randn(m, k + 32, dtype=torch.bfloat16)[:, 16:16 + k]
+    w = torch.randn(n, k, dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, dtype=torch.bfloat16)
+    out_buf = torch.full((m, n + 8), float("nan"), dtype=torch.bfloat16)
+    out = out_buf[:, 4:4 + n]
+    ops.linear_packed(out, x, w, ops.pack_linear(w), b)
+    ref = F.linear(x.float(), w.float(), b.float())
+    assert_close("linear_packed amx", out.float(), ref, torch.bfloat16)
+    assert out_buf[:, :4].isnan().all() and out_buf[:, 4 + n:].isnan().all()
