@@ -49,3 +49,18 @@ def has_avx512_bf16() -> bool:
             return "avx512_bf16" in f.read()
     except OSError:
         return False
+
+
+def check_strided_bf16_linear(op: str, linear, m: int, n: int, k: int) -> None:
+    """linear(out, x, w, b) against F.linear in fp32 on bf16 rows inside wider buffers (as
+    decode_layers passes them) with a bias; nothing written outside out's columns."""
+    torch.manual_seed(m * n + k)
+    x = torch.randn(m, k + 32, dtype=torch.bfloat16)[:, 16:16 + k]
+    w = torch.randn(n, k, dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, dtype=torch.bfloat16)
+    out_buf = torch.full((m, n + 8), float("nan"), dtype=torch.bfloat16)
+    out = out_buf[:, 4:4 + n]
+    linear(out, x, w, b)
+    ref = torch.nn.functional.linear(x.float(), w.float(), b.float())
+    assert_close(op, out.float(), ref, torch.bfloat16)
+    assert out_buf[:, :4].isnan().all() and out_buf[:, 4 + n:].isnan().all()

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, Qwen2Config
 
-from tests.utils import assert_close, has_avx512_bf16
+from tests.utils import assert_close, check_strided_bf16_linear, has_avx512_bf16
 from vllm import _custom_ops as ops
 from vllm.forward_context import AttentionMetadata, set_forward_context
 from vllm.model_executor import cpu_decode
@@ -96,16 +96,7 @@ def test_linear_small_amx_setting(amx, m, n, k, monkeypatch):
     sums, strided input and out rows and a bias included. On AMX hosts "0" against "auto" is
     the tile path against the GEMV; both against F.linear in fp32."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
-    torch.manual_seed(m * n + k)
-    x = torch.randn(m, k + 32, dtype=torch.bfloat16)[:, 16:16 + k]
-    w = torch.randn(n, k, dtype=torch.bfloat16) / k**0.5
-    b = torch.randn(n, dtype=torch.bfloat16)
-    out_buf = torch.full((m, n + 8), float("nan"), dtype=torch.bfloat16)
-    out = out_buf[:, 4:4 + n]
-    ops.linear_small(out, x, w, b)
-    ref = F.linear(x.float(), w.float(), b.float())
-    assert_close("linear_small amx", out.float(), ref, torch.bfloat16)
-    assert out_buf[:, :4].isnan().all() and out_buf[:, 4 + n:].isnan().all()
+    check_strided_bf16_linear("linear_small amx", ops.linear_small, m, n, k)
 
 
 def test_linear_small_rejects_bad_shapes():

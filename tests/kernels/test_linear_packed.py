@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.utils import assert_close, has_avx512_bf16
+from tests.utils import assert_close, check_strided_bf16_linear, has_avx512_bf16
 from vllm import _custom_ops as ops
 
 pytestmark = pytest.mark.skipif(not ops.has_kernel("linear_packed", "cpu"),
@@ -116,13 +116,5 @@ def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
     8-16 rows, all 1-16; K a multiple of 32), the packed AVX512 tiles or linear_small's kernels
     elsewhere: the reference's sums, strided input and out rows and a bias included."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
-    torch.manual_seed(m * n + k)
-    x = torch.randn(m, k + 32, dtype=torch.bfloat16)[:, 16:16 + k]
-    w = torch.randn(n, k, dtype=torch.bfloat16) / k**0.5
-    b = torch.randn(n, dtype=torch.bfloat16)
-    out_buf = torch.full((m, n + 8), float("nan"), dtype=torch.bfloat16)
-    out = out_buf[:, 4:4 + n]
-    ops.linear_packed(out, x, w, ops.pack_linear(w), b)
-    ref = F.linear(x.float(), w.float(), b.float())
-    assert_close("linear_packed amx", out.float(), ref, torch.bfloat16)
-    assert out_buf[:, :4].isnan().all() and out_buf[:, 4 + n:].isnan().all()
+    check_strided_bf16_linear("linear_packed amx", lambda out, x, w, b: ops.linear_packed(
+        out, x, w, ops.pack_linear(w), b), m, n, k)
