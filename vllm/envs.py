@@ -68,6 +68,13 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                      "the kernel at each call): 0 never, auto (default) 8 to 16 rows, all 1 to "
                      "16 (H200 host, a draft step's matrices: 0.40-0.89x the AVX512 kernels' "
                      "time at 8-16 rows, 0.93-1.4x at 1-4)"),
+    "VLLM_CPU_DECODE_SPLIT_ELEMS": (int, 2048,
+                                    "elements a thread from which decode_layers splits its "
+                                    "norms, silu_and_mul and rotary over the threads (read by "
+                                    "the kernel at each call; 0: 32K, as the ops outside it). "
+                                    "2-core AMX Xeon, SmolLM2-135M batch 8: those ops 1.3x "
+                                    "faster, the forward even; meant for many-core hosts, where "
+                                    "they ran on one of 16 threads"),
     "VLLM_CUDA_GEMV": (_gemv_rows, 2,
                        "CUDA linear layers and logits of few rows use vllm._C's linear_small "
                        "GEMV instead of torch's GEMM: off, on (steps of up to 8 rows) or the "

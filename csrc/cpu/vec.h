@@ -76,9 +76,18 @@ inline void store_any(T* p, const fVec& v, int width) {
 
 // Work items per thread below which a parallel region costs more than it saves: OpenMP teams
 // handing over to MKL's matmul threads and back cost ~0.1-1 ms on few cores, so small decode-time
-// ops run on the calling thread.
-inline int64_t grain_for(int64_t elems_per_item, int64_t min_elems = 1 << 15) {
+// ops run on the calling thread (32K elements a thread). decode_layers, whose linears are this
+// extension's own parallel loops (no MKL team between them), lowers it for its step
+// (small_op_min_elems, SmallOpSplit in decode_layers.cpp).
+inline int64_t& small_op_min_elems() {
+  thread_local int64_t min_elems = 1 << 15;
+  return min_elems;
+}
+inline int64_t grain_for(int64_t elems_per_item, int64_t min_elems) {
   return std::max<int64_t>(1, min_elems / std::max<int64_t>(elems_per_item, 1));
+}
+inline int64_t grain_for(int64_t elems_per_item) {
+  return grain_for(elems_per_item, small_op_min_elems());
 }
 
 #define VLLM_CPU_DISPATCH_FLOAT_TYPES(TYPE, NAME, ...)                                         \

@@ -240,6 +240,28 @@ def test_stage_clock_times_every_stage_and_changes_nothing(monkeypatch):
         run(model, caches, md, ids, positions, "fused", monkeypatch)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_op_split_changes_nothing(dtype, monkeypatch):
+    """decode_layers' norms, silu_and_mul and rotary split over the threads
+    (VLLM_CPU_DECODE_SPLIT_ELEMS, 1: every row its own chunk) give the same hidden states and
+    caches bit for bit as on one thread (0); a value that is not a count is refused by name."""
+    model, config = make_model("llama-gqa", dtype)
+    caches, md, positions = make_step(config, dtype, [40, 3, 17, 64, 1, 22, 9, 31], [1] * 8)
+    ids = torch.randint(0, config.vocab_size, (len(positions),),
+                        generator=torch.Generator().manual_seed(3))
+    results = []
+    for elems in ("0", "1"):
+        monkeypatch.setenv("VLLM_CPU_DECODE_SPLIT_ELEMS", elems)
+        results.append(run(model, caches, md, ids, positions, "fused", monkeypatch))
+    (h0, l0, c0), (h1, l1, c1) = results
+    assert torch.equal(h0, h1) and torch.equal(l0, l1)
+    for (k0, v0), (k1, v1) in zip(c0, c1):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    monkeypatch.setenv("VLLM_CPU_DECODE_SPLIT_ELEMS", "lots")
+    with pytest.raises(RuntimeError, match="VLLM_CPU_DECODE_SPLIT_ELEMS must be a count"):
+        run(model, caches, md, ids, positions, "fused", monkeypatch)
+
+
 def test_opcheck():
     model, config = make_model("qwen2-bias", torch.float32)
     caches, md, positions = make_step(config, torch.float32, [20, 5], [2, 1])
