@@ -234,39 +234,77 @@ def plot_serving(results: list[dict], path: str) -> str:
 
 
 def plot_draft(result: dict, path: str) -> str:
-    """ms per one-token draft forward against threads (median, min-max bars), one line per
-    dtype, its floor dashed in the same colour."""
-    by_dtype = defaultdict(list)
-    for r in result.get("rows", []):
-        by_dtype[r.get("dtype", "?")].append(r)
-    fig, (ax,) = figure(1)
+    """Per model a panel of ms per one-token draft forward against threads (median, min-max
+    bars), a line per batch size, dtype and path, its floor dashed in the same colour; where the
+    rows carry decode_layers' stage times, one more panel: each model's batch sizes at its most
+    threads as stacked stages (ms)."""
+    rows = result.get("rows", [])
+    models = list(dict.fromkeys(r.get("model", "?") for r in rows)) or ["?"]
+    staged = [r for r in rows if r.get("stage_ms")]
+    fig, axes = figure(len(models) + (1 if staged else 0))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    threads = set()
-    for i, (dtype, rs) in enumerate(by_dtype.items()):
-        rs.sort(key=lambda r: r["threads"])
-        xs, color = [r["threads"] for r in rs], colors[i % len(colors)]
-        threads.update(xs)
-        ms = [value(r["ms_per_forward"]) for r in rs]
-        err = None
-        if all("min" in r and "max" in r for r in rs):
-            err = [[m - r["min"] for m, r in zip(ms, rs)], [r["max"] - m for m, r in zip(ms, rs)]]
-        ax.errorbar(xs, ms, yerr=err, fmt="o-", color=color, capsize=3,
-                    label=f"{dtype} (median, min-max)")
-        if all("floor_ms" in r for r in rs):
-            ax.plot(xs, [value(r["floor_ms"]) for r in rs], "--", color=color,
-                    label=f"{dtype} floor (bytes / host bandwidth)")
-    if threads and max(threads) > 2:
-        ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(threads) or [1])
-    ax.set_xticklabels([str(t) for t in sorted(threads)] or ["1"])
-    ax.set_xlabel("CPU threads")
-    ax.set_ylabel("ms per one-token draft forward")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=9)
-    what = (f"CPU draft forward: {model_name(result.get('model'))}, context "
-            f"{result.get('context', '?')}, batch {result.get('batch_size', 1)}")
+    for ax, name in zip(axes, models):
+        lines = defaultdict(list)
+        for r in rows:
+            if r.get("model", "?") == name:
+                lines[(r.get("batch_size", 1), r.get("dtype", "?"), r.get("path", ""))].append(r)
+        threads = set()
+        for i, ((bs, dtype, path_), rs) in enumerate(sorted(lines.items(), key=str)):
+            rs.sort(key=lambda r: r["threads"])
+            xs, color = [r["threads"] for r in rs], colors[i % len(colors)]
+            threads.update(xs)
+            ms = [value(r["ms_per_forward"]) for r in rs]
+            err = None
+            if all("min" in r and "max" in r for r in rs):
+                err = [[m - r["min"] for m, r in zip(ms, rs)],
+                       [r["max"] - m for m, r in zip(ms, rs)]]
+            label = f"batch {bs}, {dtype}" + (f", {path_}" if path_ else "")
+            ax.errorbar(xs, ms, yerr=err, fmt="o-", color=color, capsize=3, label=label)
+            if all("floor_ms" in r for r in rs):
+                ax.plot(xs, [value(r["floor_ms"]) for r in rs], "--", marker="_",
+                        markersize=14, color=color, label=f"{label}: floor")
+        if threads and max(threads) > 2:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(threads) or [1])
+        ax.set_xticklabels([str(t) for t in sorted(threads)] or ["1"])
+        ax.set_xlabel("CPU threads")
+        ax.set_ylabel("ms per one-token forward")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.set_title(model_name(name), fontsize=10)
+        ax.legend(fontsize=7)
+    if staged:
+        plot_draft_stages(axes[-1], staged, colors)
+    what = (f"CPU draft forward (dashed: weights + KV over the host's copy rate), context "
+            f"{result.get('context', '?')}")
     return save(fig, title_of(what, [result], host=True), path)
+
+
+def plot_draft_stages(ax, rows: list[dict], colors: list) -> None:
+    """Stacked stage times (decode_layers' stages and what the forward spends outside it) of
+    each model's batch sizes at its most threads, first path and dtype."""
+    picked = {}
+    for r in rows:
+        key = (r.get("model", "?"), r.get("batch_size", 1))
+        if key not in picked or r["threads"] > picked[key]["threads"]:
+            picked[key] = r
+    stages = list(dict.fromkeys(k for r in picked.values() for k in r["stage_ms"]))
+    labels = [f"{model_name(m)[:12]} b{bs}, {picked[(m, bs)]['threads']} thr"
+              for m, bs in picked]
+    bottoms = [0.0] * len(picked)
+    for i, stage in enumerate(stages):
+        heights = [max(0.0, r["stage_ms"].get(stage, 0.0)) for r in picked.values()]
+        ax.bar(range(len(picked)), heights, bottom=bottoms, color=colors[i % len(colors)],
+               label=stage.replace("outside_decode_layers", "outside (logits, sampling)"))
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_xticks(range(len(picked)))
+    ax.set_xticklabels(labels, fontsize=6, rotation=60, ha="right")
+    ax.set_ylabel("ms per forward, by stage")
+    ax.set_title("where a step goes", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    handles, names = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], names[::-1], fontsize=6, loc="upper left")
+    ax.set_ylim(0, max(bottoms) * 1.9 if bottoms else 1)  # room for the legend above the bars
 
 
 def batch_of(result: dict) -> int:
