@@ -6,7 +6,8 @@ piece), with the share of the time spent outside the GEMMs (1 - the time of the 
 alone, run back to back, over the forward's), the fused path's time by stage of its
 decode_layers call (the norms, each linear, rotary and cache write, attention, the activation;
 what is left of the forward is the logits, the sampling and the Python around them), the thread
-count the draft picks at start-up, and the top ops from torch's profiler on request. A summary table comes last.
+count the draft picks at start-up, and the top ops from torch's profiler on request. A summary
+table comes last.
 
     python benchmarks/benchmark_draft.py --model DRAFT[,DRAFT2] [--load-format dummy] \
         [--dtypes float32,bfloat16] [--threads 1,4,16] [--batch-sizes 1,8] \

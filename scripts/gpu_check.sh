@@ -41,8 +41,9 @@
 #   projection on AMX (+0.65); since then AMX reads the packed copies, the attention of 5+-row
 #   tasks keeps its sums in registers, and decode_layers splits those small ops over the
 #   threads: run the stage twice, the second with DRAFT_TAG=_split0 VLLM_CPU_DECODE_SPLIT_ELEMS=0
-#   (the small ops on one thread, as in run 23) for their share on 16 threads; then issue 15 (PROFILE_SHAPES, the target step by kernel: at 7B
-#   batch 1 the GEMV is at the floor and 0.72 ms is the rest). A lease's start has taken 1-6
+#   (the small ops on one thread, as in run 23) for their share on 16 threads; then issue 15
+#   (PROFILE_SHAPES, the target step by kernel: at 7B batch 1 the GEMV is at the floor and 0.72
+#   ms is the rest). A lease's start has taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
 #   a pair stage is ~4 min with its training, ~1 min more per extra round)
@@ -252,9 +253,9 @@ if want goodput; then
     # GOODPUT_MODES: plain, and the speculative run as spec-spinauto / spec-spinoff
     # (VLLM_DRAFTER_SPIN: a spinning drafter may slow the engine's plain steps, e.g. by the
     # host's all-core clock), spec-spinlong (spinning for 1 s after each proposal, the window
-    # before VLLM_DRAFTER_SPIN_IDLE_S's 0.05 s) and spec-cpushalf (the drafter on the upper half of the cores, the
-    # engine on the lower half, instead of the engine on the first two: an engine pinned to the
-    # cores that take the interrupts may run its host work slower)
+    # before VLLM_DRAFTER_SPIN_IDLE_S's 0.05 s) and spec-cpushalf (the drafter on the upper half
+    # of the cores, the engine on the lower half, instead of the engine on the first two: an
+    # engine pinned to the cores that take the interrupts may run its host work slower)
     for mode in ${GOODPUT_MODES:-plain spec-spinauto spec-spinoff spec-cpushalf}; do
       flags="" spin=auto idle=0.05
       if [ $mode != plain ]; then
