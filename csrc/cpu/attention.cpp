@@ -57,8 +57,9 @@ struct AttentionTask {
   }
 
   // Cache rows [j, min(j + n, end)) of the task's KV head towards L2 ahead of their use: a
-  // sequence's blocks are scattered pages, and the hardware prefetchers stop at each page's end,
-  // so without it every block starts with its rows' full memory latency.
+  // sequence's blocks are scattered pages, where the hardware prefetchers stop (2 cores, the
+  // engine's draft-20m batch-8 attention 0.29 -> 0.22 ms, unpaired; 32, 64 or 128 keys ahead
+  // measured alike).
   void prefetch_rows(const T* cache, int64_t kv_head, int64_t j, int64_t n, int64_t end) const {
     for (int64_t i = j; i < std::min(j + n, end); ++i) {
       const char* row = reinterpret_cast<const char*>(cache_row(cache, kv_head, i));
@@ -101,7 +102,7 @@ struct AttentionTask {
 #ifdef CPU_CAPABILITY_AVX512
   // Cache rows j .. j + 15 of the task's KV head (of cache: the keys or the values), in fp32,
   // into keys (HEAD_SIZE floats each).
-  void load_key_block(const T* cache, const Task& task, int64_t j, float* keys) const {
+  void load_rows_fp32(const T* cache, const Task& task, int64_t j, float* keys) const {
     for (int b = 0; b < 16; ++b) {
       const T* src = cache_row(cache, task.kv_head, j + b);
       for (int v = 0; v < kVecs; ++v) {
@@ -110,7 +111,7 @@ struct AttentionTask {
     }
   }
 
-  // dst[b] = q . key b of a block (load_key_block), b < 16: the 16 dot products' lanes added in
+  // dst[b] = q . key b of a block (load_rows_fp32), b < 16: the 16 dot products' lanes added in
   // one reduction tree instead of a horizontal reduction per key (paired on 2-core Zen 4,
   // SmolLM2's heads, 256 keys: a decode step 1.09x, a 5-token verification 1.13x, batch 8
   // even).
@@ -129,7 +130,7 @@ struct AttentionTask {
 #endif
 
   // acc[r] += sum_j p[r, j] v_j over the keys every row sees (j < first_visible), 16 at a time:
-  // their V rows in fp32 once (load_key_block), then each row's weighted sum in registers, for
+  // their V rows in fp32 once (load_rows_fp32), then each row's weighted sum in registers, for
   // a task of more rows than run_rows keeps in registers (the accumulators were loaded and
   // stored for every key and row: Qwen2.5-0.5B's 7-row GQA groups at batch 8 spent 3x the
   // attention's KV bytes in them). Returns the first key left (k0 without AVX-512).
@@ -140,7 +141,7 @@ struct AttentionTask {
     const int64_t seen_by_all = std::min(k1, first_visible);
     float values[16 * HEAD_SIZE];
     for (; j + 16 <= seen_by_all; j += 16) {
-      load_key_block(value_cache, task, j, values);
+      load_rows_fp32(value_cache, task, j, values);
       for (int64_t r = 0; r < rows; ++r) {
         float* a = acc + r * HEAD_SIZE;
         const float* p = scores + r * width + j - k0;
@@ -174,7 +175,7 @@ struct AttentionTask {
       // the keys kPrefetchKeys on, and these keys' values for the weighted sum that follows
       prefetch_rows(key_cache, task.kv_head, j + kPrefetchKeys, 16, k1);
       prefetch_rows(value_cache, task.kv_head, j, 16, k1);
-      load_key_block(key_cache, task, j, keys);
+      load_rows_fp32(key_cache, task, j, keys);
       for (int64_t r = 0; r < rows; ++r) {
         fVec q[kVecs];
         query_row(r, q);
