@@ -68,7 +68,9 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int) -> list[floa
             raise ValueError("the draft's KV cache is too small: raise VLLM_CPU_KVCACHE_SPACE")
     times = []
     with torch.inference_mode():
-        for _ in range(args.num_forwards):
+        for i in range(args.num_forwards):
+            if i == args.warmup and cpu_decode.stage_ms is not None:
+                cpu_decode.stage_ms.zero_()  # the stage clock counts the timed forwards alone
             start = time.perf_counter()
             draft._draft(reqs, [1] * len(reqs))
             times.append((time.perf_counter() - start) * 1e3)
@@ -130,10 +132,9 @@ def main(args) -> dict:
                         os.environ["VLLM_CPU_DECODE_PATH"] = path
                         cpu_decode.stage_ms = torch.zeros(len(ops.DECODE_STAGES),
                                                           dtype=torch.float64)
-                        times = time_forwards(draft, args, bs)
-                        stages = (cpu_decode.stage_ms / len(times)).tolist()
+                        times = time_forwards(draft, args, bs)[args.warmup:]
+                        stages = (cpu_decode.stage_ms / max(1, len(times))).tolist()
                         cpu_decode.stage_ms = None
-                        times = times[args.warmup:]
                         median = statistics.median(times)
                         gemm = gemm_ms(model, bs, path)
                         row = {"model": name, "dtype": dtype, "threads": n, "batch_size": bs,
@@ -141,7 +142,7 @@ def main(args) -> dict:
                                "max": max(times), "floor_ms": floor, "gemm_ms": gemm,
                                "outside_gemm_share": max(0.0, 1 - gemm / median),
                                "bandwidth_gbps": bandwidth}
-                        if any(stages):  # the fused path's decode_layers, by stage
+                        if any(stages):  # the fused path's decode_layers, by stage (means)
                             row["stage_ms"] = dict(zip(ops.DECODE_STAGES, stages))
                             row["stage_ms"]["outside_decode_layers"] = median - sum(stages)
                         rows.append(row)

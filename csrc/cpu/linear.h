@@ -24,7 +24,8 @@ bool has_bf16_dot();
 constexpr int64_t kSmallMaxRows = 64;
 
 // f(std::integral_constant<int, rows>{}) for the 1 .. R rows a tile loop leaves over (R counts
-// down to rows; nothing for 0), so that a tile kernel templated on its row count covers them.
+// down to rows; nothing for 0), so that a tile kernel templated on its row count covers them
+// (also the AMX kernel's 1 .. 4 panels of a pass).
 template <int R, typename F>
 inline void for_rows_left(int64_t rows, F&& f) {
   if constexpr (R > 0) {

@@ -277,12 +277,9 @@ bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16
     for (int64_t g = begin; g < end; ++g) {
       const int64_t pb = g * kPackedPanels;
       const int nb = static_cast<int>(std::min<int64_t>(kPackedPanels, panels - pb));
-      switch (nb) {
-        case 4: packed_panels_amx<4>(c, x, ldx, packed, pairs, steps, pb); break;
-        case 3: packed_panels_amx<3>(c, x, ldx, packed, pairs, steps, pb); break;
-        case 2: packed_panels_amx<2>(c, x, ldx, packed, pairs, steps, pb); break;
-        default: packed_panels_amx<1>(c, x, ldx, packed, pairs, steps, pb); break;
-      }
+      for_rows_left<kPackedPanels>(nb, [&](auto panels_now) {
+        packed_panels_amx<decltype(panels_now)::value>(c, x, ldx, packed, pairs, steps, pb);
+      });
       write_panels(out, ldo, c, bias, m_dim, n_dim, pb, nb);
     }
     release_tiles();

@@ -68,15 +68,8 @@ def test_linear_packed_matches_f_linear(m, n, k, bias):
 def test_linear_packed_strided_rows(m):
     """Input and out rows inside wider buffers (as decode_layers passes them); nothing written
     outside out's columns."""
-    torch.manual_seed(m)
-    x = torch.randn(m, 160, dtype=torch.bfloat16)[:, 20:120]
-    w = torch.randn(70, 100, dtype=torch.bfloat16) / 10
-    out_buf = torch.full((m, 90), float("nan"), dtype=torch.bfloat16)
-    out = out_buf[:, 10:80]
-    ops.linear_packed(out, x, w, ops.pack_linear(w), None)
-    assert_close("linear_packed strided", out.float(), F.linear(x.float(), w.float()),
-                 torch.bfloat16)
-    assert out_buf[:, :10].isnan().all() and out_buf[:, 80:].isnan().all()
+    check_strided_bf16_linear("linear_packed strided", lambda out, x, w, b: ops.linear_packed(
+        out, x, w, ops.pack_linear(w), b), m, 70, 100)
 
 
 def test_linear_packed_without_a_copy_is_linear_small():
