@@ -41,8 +41,8 @@
 #   projection on AMX (+0.65); since then AMX reads the packed copies, the attention of 5+-row
 #   tasks keeps its sums in registers, its prefetches are spread one row per key (the 2-core
 #   machine's batch-8 attention 1.3-1.6x faster with its caches cold), and decode_layers splits
-#   those small ops over the threads: run the stage twice, the second with DRAFT_TAG=_split0 VLLM_CPU_DECODE_SPLIT_ELEMS=0
-#   (the small ops on one thread, as in run 23) for their share on 16 threads; then issue 15
+#   those small ops over the threads: run the stage twice, the second with DRAFT_TAG=_split0
+#   VLLM_CPU_DECODE_SPLIT_ELEMS=0 (the small ops on one thread, as in run 23) for their share on 16 threads; then issue 15
 #   (PROFILE_SHAPES, the target step by kernel: at 7B batch 1 the GEMV is at the floor and 0.72
 #   ms is the rest). A lease's start has taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)

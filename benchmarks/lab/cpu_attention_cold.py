@@ -1,8 +1,9 @@
 """CPU paged attention as a draft step meets it: one KV cache per layer, each sequence's blocks
 consecutive, and the layer's K/V out of the CPU's caches (as between a step's layers, where the
-weights stream through them). Prints ms per step (every layer's call) with the caches warm (the
-second of two steps back to back), flushed (a 300 MB read before the step) and per layer (a 9 MB read before
-each layer's call, the weights of a small draft's layer); medians over 3 rounds of 10.
+weights stream through them). Prints ms per step (every layer's call) with the caches warm
+(the second of two steps back to back), flushed (a 300 MB read before the step) and per layer
+(a 9 MB read before each layer's call, the weights of a small draft's layer); medians over 3
+rounds of 10.
 
     python benchmarks/lab/cpu_attention_cold.py THREADS BATCH CONTEXT
 Environment: H, KVH, D (SmolLM2-135M's 9 / 3 / 64 by default), L (layers, 30), QL (query tokens

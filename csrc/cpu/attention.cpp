@@ -176,10 +176,13 @@ struct AttentionTask {
       // that follow) are requested: spread among the conversions, where a burst of 64 line
       // requests ahead of them had the core compute and fetch in turns (2 cores, SmolLM2-135M's
       // batch-8 attention over 30 layers with its caches out of the CPU's caches, as between a
-      // step's layers: 3.9 -> 2.4 ms). Written out here: the same prefetches from a callback
-      // of load_rows_fp32 measured as slow as the burst.
+      // step's layers: 3.9-4.1 -> 2.3-2.5 ms, benchmarks/lab/cpu_attention_cold.py). Written
+      // out here: the same prefetches from a callback of load_rows_fp32 measured as slow as
+      // the burst.
       for (int b = 0; b < 16; ++b) {
-        if (j + kPrefetchKeys + b < k1) prefetch_row(key_cache, task.kv_head, j + kPrefetchKeys + b);
+        if (j + kPrefetchKeys + b < k1) {
+          prefetch_row(key_cache, task.kv_head, j + kPrefetchKeys + b);
+        }
         prefetch_row(value_cache, task.kv_head, j + b);
         const T* src = cache_row(key_cache, task.kv_head, j + b);
         for (int v = 0; v < kVecs; ++v) {
