@@ -36,6 +36,11 @@ namespace {
 constexpr int64_t kTileRows = 16;  // weight rows per A tile, input rows (at most) per B tile
 constexpr int64_t kTileK = 32;     // bf16 columns per k-step (a 64-byte tile row)
 constexpr int64_t kMaxRows = 16;
+// Input rows (at most) on the packed copies: two A tiles of 16 rows (packed_panels_amx2), so
+// that a step of 17-32 rows (a batch of 4 verifying 4 drafts each: 20) reads each weight once
+// on tiles too, where the packed AVX512 tiles took 4-6x as long (2-core AMX Xeon: Qwen2.5-1.5B's
+// 20-row forward 354 -> 152 ms, its 16-row one 128-134 ms)
+constexpr int64_t kMaxPackedRows = 2 * kMaxRows;
 
 #define VLLM_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f")))
 
@@ -66,7 +71,8 @@ bool amx_usable() {
   return usable;
 }
 
-// VLLM_CPU_AMX (read at every call): 0 never, auto (default) for 8 to 16 rows, all for 1 to 16.
+// VLLM_CPU_AMX (read at every call): 0 never, auto (default) from 8 rows, all from 1 (to 16 on
+// the row-major weight, 32 on the packed copies).
 // On the H200's host (Xeon, 16 threads; benchmarks/lab/cpu_gemm_lab.py, every matrix of a draft
 // step, paired against linear_small's GEMV and register tiles): 0.61-0.89x their time at 8 rows
 // and 0.40-0.63x at 16 for draft-20m, llama-68m and SmolLM2-135M, but 0.93-1.23x at 4 rows and
@@ -75,7 +81,7 @@ constexpr int64_t kAutoMinRows = 8;
 int64_t amx_min_rows() {
   const char* v = std::getenv("VLLM_CPU_AMX");
   if (v == nullptr || std::string(v) == "auto") return kAutoMinRows;
-  if (std::string(v) == "0") return kMaxRows + 1;
+  if (std::string(v) == "0") return kMaxPackedRows + 1;
   TORCH_CHECK(std::string(v) == "all", "VLLM_CPU_AMX must be 0, auto or all, got '", v, "'");
   return 1;
 }
@@ -240,6 +246,51 @@ VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t
   if constexpr (NB > 3) _tile_stored(3, c + 768, 64);
 }
 
+// packed_panels_amx for 17-32 input rows in one pass over the panels: rows 0-15 and 16.. are
+// two A tiles (4, 5), panels pb and pb + 1 (NB of them) two B tiles (6, 7), each loaded once a
+// k-step for both row groups. C tile NB g + t (rows of group g, panel t) is stored to
+// c + 256 (NB g + t) (tiles 0, 1 rows 0-15; 2, 3 the rest: the caller's tile configuration).
+template <int NB>
+VLLM_AMX_TARGET void packed_panels_amx2(float* c, const c10::BFloat16* x, int64_t ldx,
+                                        const c10::BFloat16* packed, int64_t pairs,
+                                        int64_t steps, int64_t pb) {
+  static_assert(NB == 1 || NB == 2, "2 row groups x 2 panels of accumulator tiles");
+  _tile_zero(0);
+  _tile_zero(2);
+  if constexpr (NB > 1) {
+    _tile_zero(1);
+    _tile_zero(3);
+  }
+  const c10::BFloat16* b0 = packed + pb * pairs * 2 * kPackRows;
+  const c10::BFloat16* x1 = x + kTileRows * ldx;
+  const int64_t panel = pairs * 2 * kPackRows;  // elements per panel
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(4, x + s * kTileK, ldx * 2);
+    _tile_loadd(5, x1 + s * kTileK, ldx * 2);
+    const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
+    _tile_loadd(6, b, 64);
+    if constexpr (NB > 1) {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_loadd(7, b + panel, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    } else {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(2, 5, 6);
+    }
+  }
+  if constexpr (NB > 1) {
+    _tile_stored(0, c, 64);
+    _tile_stored(1, c + 256, 64);
+    _tile_stored(2, c + 512, 64);
+    _tile_stored(3, c + 768, 64);
+  } else {
+    _tile_stored(0, c, 64);
+    _tile_stored(2, c + 256, 64);
+  }
+}
+
 // out[m][16 (pb + t) + n] = c[256 t + 16 m + n] (+ bias), for the columns below n_dim.
 void write_panels(c10::BFloat16* out, int64_t ldo, const float* c, const c10::BFloat16* bias,
                   int64_t m_dim, int64_t n_dim, int64_t pb, int nb) {
@@ -261,11 +312,35 @@ void write_panels(c10::BFloat16* out, int64_t ldo, const float* c, const c10::BF
 bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
                             int64_t ldx, const c10::BFloat16* packed, const c10::BFloat16* bias,
                             int64_t m_dim, int64_t n_dim, int64_t k_dim) {
-  if (m_dim > kMaxRows || m_dim < amx_min_rows() || k_dim % kTileK != 0 || !amx_usable()) {
+  if (m_dim > kMaxPackedRows || m_dim < amx_min_rows() || k_dim % kTileK != 0 ||
+      !amx_usable()) {
     return false;
   }
   const int64_t pairs = k_dim / 2, steps = k_dim / kTileK;
   const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
+  if (m_dim > kMaxRows) {  // two row groups, two panels a pass (packed_panels_amx2)
+    const int64_t groups = (panels + 1) / 2;
+    const int64_t grain =
+        std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * 2));
+    const auto m1 = static_cast<uint8_t>(m_dim - kMaxRows);
+    at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+      load_tile_config({16, 16, m1, m1, 16, m1, 16, 16});
+      alignas(64) float c[4 * 256];
+      for (int64_t g = begin; g < end; ++g) {
+        const int64_t pb = 2 * g;
+        const int nb = static_cast<int>(std::min<int64_t>(2, panels - pb));
+        if (nb == 2) {
+          packed_panels_amx2<2>(c, x, ldx, packed, pairs, steps, pb);
+        } else {
+          packed_panels_amx2<1>(c, x, ldx, packed, pairs, steps, pb);
+        }
+        write_panels(out, ldo, c, bias, kMaxRows, n_dim, pb, nb);
+        write_panels(out + kMaxRows * ldo, ldo, c + 256 * nb, bias, m1, n_dim, pb, nb);
+      }
+      release_tiles();
+    });
+    return true;
+  }
   const int64_t groups = (panels + kPackedPanels - 1) / kPackedPanels;
   // at least ~32 KB of weights per thread, as the GEMV
   const int64_t grain =

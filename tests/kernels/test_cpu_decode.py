@@ -169,6 +169,7 @@ def run(model, caches, md, ids, positions, path, monkeypatch):
     ([9, 30, 2], [1, 1, 2]),  # 4 rows
     ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes (bf16: register tiles)
     ([20, 35, 5], [5, 5, 5]),  # verification of 4 drafts each (15 rows; fp32: torch's GEMM)
+    ([20, 35, 5, 9], [5] * 4),  # 20 rows (bf16 on AMX: two row groups; make demo's k = 4)
     ([33] * 4 + [12] * 4, [4] * 8),  # 32 rows
     ([30] * 8 + [9] * 8, [4] * 16),  # 64 rows, the largest the path takes
 ])
