@@ -65,8 +65,8 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                 "AVX512_BF16: costs the linear weights' bytes again in memory"),
     "VLLM_CPU_AMX": (_one_of("0", "auto", "all"), "auto",
                      "bf16 CPU linears of few rows on AMX tiles where the CPU has them (read by "
-                     "the kernel at each call): 0 never, auto (default) 8 to 16 rows (to 32 on "
-                     "the weights' packed copies), all 1 to 16 (32) (H200 host, a draft step's "
+                     "the kernel at each call): 0 never, auto (default) 8 to 16 rows (to 64 on "
+                     "the weights' packed copies), all 1 to 16 (64) (H200 host, a draft step's "
                      "matrices: 0.40-0.89x the AVX512 kernels' time at 8-16 rows, 0.93-1.4x at "
                      "1-4)"),
     "VLLM_CPU_DECODE_SPLIT_ELEMS": (int, 2048,

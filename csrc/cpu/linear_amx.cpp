@@ -36,10 +36,11 @@ namespace {
 constexpr int64_t kTileRows = 16;  // weight rows per A tile, input rows (at most) per B tile
 constexpr int64_t kTileK = 32;     // bf16 columns per k-step (a 64-byte tile row)
 constexpr int64_t kMaxRows = 16;
-// Input rows (at most) on the packed copies: two A tiles of 16 rows (packed_panels_amx2), so
-// that a step of 17-32 rows (a batch of 4 verifying 4 drafts each: 20) reads each weight once
-// on tiles too, where the packed AVX512 tiles took 4-6x as long (2-core AMX Xeon: Qwen2.5-1.5B's
-// 20-row forward 354 -> 152 ms, its 16-row one 128-134 ms)
+// Input rows (at most) a pass over the packed copies: two A tiles of 16 rows
+// (packed_panels_amx2), so that a step of 17-32 rows (a batch of 4 verifying 4 drafts each: 20)
+// reads each weight once on tiles too, where the packed AVX512 tiles took 4-6x as long (2-core
+// AMX Xeon: Qwen2.5-1.5B's 20-row forward 354 -> 152 ms, its 16-row one 128-134 ms); 33-64 rows
+// take 3-4 row groups against a panel at a time (packed_panel_groups_amx).
 constexpr int64_t kMaxPackedRows = 2 * kMaxRows;
 
 #define VLLM_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f")))
@@ -72,7 +73,7 @@ bool amx_usable() {
 }
 
 // VLLM_CPU_AMX (read at every call): 0 never, auto (default) from 8 rows, all from 1 (to 16 on
-// the row-major weight, 32 on the packed copies).
+// the row-major weight, 64 on the packed copies).
 // On the H200's host (Xeon, 16 threads; benchmarks/lab/cpu_gemm_lab.py, every matrix of a draft
 // step, paired against linear_small's GEMV and register tiles): 0.61-0.89x their time at 8 rows
 // and 0.40-0.63x at 16 for draft-20m, llama-68m and SmolLM2-135M, but 0.93-1.23x at 4 rows and
@@ -81,7 +82,7 @@ constexpr int64_t kAutoMinRows = 8;
 int64_t amx_min_rows() {
   const char* v = std::getenv("VLLM_CPU_AMX");
   if (v == nullptr || std::string(v) == "auto") return kAutoMinRows;
-  if (std::string(v) == "0") return kMaxPackedRows + 1;
+  if (std::string(v) == "0") return kSmallMaxRows + 1;
   TORCH_CHECK(std::string(v) == "all", "VLLM_CPU_AMX must be 0, auto or all, got '", v, "'");
   return 1;
 }
@@ -291,6 +292,44 @@ VLLM_AMX_TARGET void packed_panels_amx2(float* c, const c10::BFloat16* x, int64_
   }
 }
 
+// packed_panels_amx for 33-64 input rows in one pass over the panels: G groups of 16 rows (the
+// last one m_last) against one panel at a time, its k-step loaded once as the B tile (5) for
+// all the groups, each group's rows the A tile (4; the last group's 6, configured to its rows).
+// C tile g (rows of group g) is stored to c + 256 g.
+template <int G>
+VLLM_AMX_TARGET void packed_panel_groups_amx(float* c, const c10::BFloat16* x, int64_t ldx,
+                                             const c10::BFloat16* packed, int64_t pairs,
+                                             int64_t steps, int64_t pb) {
+  static_assert(G == 3 || G == 4, "33-64 rows");
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  if constexpr (G == 4) _tile_zero(3);
+  const c10::BFloat16* b0 = packed + pb * pairs * 2 * kPackRows;
+  const int64_t group = kTileRows * ldx;  // elements between two groups' first rows
+  for (int64_t s = 0; s < steps; ++s) {
+    const c10::BFloat16* xs = x + s * kTileK;
+    _tile_loadd(5, b0 + s * kTileK * kPackRows, 64);
+    _tile_loadd(4, xs, ldx * 2);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(4, xs + group, ldx * 2);
+    _tile_dpbf16ps(1, 4, 5);
+    if constexpr (G == 3) {
+      _tile_loadd(6, xs + 2 * group, ldx * 2);
+      _tile_dpbf16ps(2, 6, 5);
+    } else {
+      _tile_loadd(4, xs + 2 * group, ldx * 2);
+      _tile_dpbf16ps(2, 4, 5);
+      _tile_loadd(6, xs + 3 * group, ldx * 2);
+      _tile_dpbf16ps(3, 6, 5);
+    }
+  }
+  _tile_stored(0, c, 64);
+  _tile_stored(1, c + 256, 64);
+  _tile_stored(2, c + 512, 64);
+  if constexpr (G == 4) _tile_stored(3, c + 768, 64);
+}
+
 // out[m][16 (pb + t) + n] = c[256 t + 16 m + n] (+ bias), for the columns below n_dim.
 void write_panels(c10::BFloat16* out, int64_t ldo, const float* c, const c10::BFloat16* bias,
                   int64_t m_dim, int64_t n_dim, int64_t pb, int nb) {
@@ -307,15 +346,10 @@ void write_panels(c10::BFloat16* out, int64_t ldo, const float* c, const c10::BF
   }
 }
 
-}  // namespace
-
-bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
-                            int64_t ldx, const c10::BFloat16* packed, const c10::BFloat16* bias,
-                            int64_t m_dim, int64_t n_dim, int64_t k_dim) {
-  if (m_dim > kMaxPackedRows || m_dim < amx_min_rows() || k_dim % kTileK != 0 ||
-      !amx_usable()) {
-    return false;
-  }
+// linear_amx_packed_bf16 for 1 .. kMaxPackedRows rows: one pass over the panels.
+void packed_rows_amx(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_t ldx,
+                     const c10::BFloat16* packed, const c10::BFloat16* bias, int64_t m_dim,
+                     int64_t n_dim, int64_t k_dim) {
   const int64_t pairs = k_dim / 2, steps = k_dim / kTileK;
   const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
   if (m_dim > kMaxRows) {  // two row groups, two panels a pass (packed_panels_amx2)
@@ -339,7 +373,7 @@ bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16
       }
       release_tiles();
     });
-    return true;
+    return;
   }
   const int64_t groups = (panels + kPackedPanels - 1) / kPackedPanels;
   // at least ~32 KB of weights per thread, as the GEMV
@@ -356,6 +390,48 @@ bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16
         packed_panels_amx<decltype(panels_now)::value>(c, x, ldx, packed, pairs, steps, pb);
       });
       write_panels(out, ldo, c, bias, m_dim, n_dim, pb, nb);
+    }
+    release_tiles();
+  });
+}
+
+}  // namespace
+
+bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
+                            int64_t ldx, const c10::BFloat16* packed, const c10::BFloat16* bias,
+                            int64_t m_dim, int64_t n_dim, int64_t k_dim) {
+  if (m_dim > kSmallMaxRows || m_dim < amx_min_rows() || k_dim % kTileK != 0 ||
+      !amx_usable()) {
+    return false;
+  }
+  if (m_dim <= kMaxPackedRows) {
+    packed_rows_amx(out, ldo, x, ldx, packed, bias, m_dim, n_dim, k_dim);
+    return true;
+  }
+  // 33-64 rows (a batch of 8 verifying 4 drafts each: 40): 3-4 row groups, a panel a pass
+  // (packed_panel_groups_amx), each panel read once
+  const int64_t pairs = k_dim / 2, steps = k_dim / kTileK;
+  const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
+  const int groups = static_cast<int>((m_dim + kTileRows - 1) / kTileRows);
+  const auto last = static_cast<uint8_t>(m_dim - (groups - 1) * kTileRows);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows));
+  at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
+    if (groups == 3) {
+      load_tile_config({16, 16, last, 0, 16, 16, last, 0});
+    } else {
+      load_tile_config({16, 16, 16, last, 16, 16, last, 0});
+    }
+    alignas(64) float c[4 * 256];
+    for (int64_t pb = begin; pb < end; ++pb) {
+      if (groups == 3) {
+        packed_panel_groups_amx<3>(c, x, ldx, packed, pairs, steps, pb);
+      } else {
+        packed_panel_groups_amx<4>(c, x, ldx, packed, pairs, steps, pb);
+      }
+      for (int g = 0; g < groups; ++g) {
+        write_panels(out + g * kTileRows * ldo, ldo, c + 256 * g, bias,
+                     g + 1 < groups ? kTileRows : last, n_dim, pb, 1);
+      }
     }
     release_tiles();
   });

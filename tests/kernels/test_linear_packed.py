@@ -100,15 +100,15 @@ def test_opcheck():
 
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto", "all"])
-@pytest.mark.parametrize("m", [1, 3, 8, 11, 16, 17, 20, 32, 33])
+@pytest.mark.parametrize("m", [1, 3, 8, 11, 16, 17, 20, 32, 33, 40, 49, 64])
 # n: whole groups of 4 panels (2048), 1-3 panels left over after them (48, 80 + a 4-row tail:
 # 84), fewer rows than a panel (12); k: multiples of the tiles' 32 columns, one that is not (48)
 @pytest.mark.parametrize("n,k", [(2048, 576), (48, 64), (84, 96), (12, 64), (64, 48)])
 def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
     """Packed weights through AMX tiles where the CPU has them (VLLM_CPU_AMX: 0 never, auto
-    8-32 rows, all 1-32, 17-32 as two row groups in one pass; K a multiple of 32), the packed
-    AVX512 tiles or linear_small's kernels elsewhere: the reference's sums, strided input and
-    out rows and a bias included."""
+    8-64 rows, all 1-64: 17-32 as two row groups in one pass, 33-64 in passes of 32; K a
+    multiple of 32), the packed AVX512 tiles or linear_small's kernels elsewhere: the
+    reference's sums, strided input and out rows and a bias included."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
     check_strided_bf16_linear("linear_packed amx", lambda out, x, w, b: ops.linear_packed(
         out, x, w, ops.pack_linear(w), b), m, n, k)
