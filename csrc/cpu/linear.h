@@ -69,8 +69,8 @@ bool linear_amx_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* input
                      const c10::BFloat16* weight, const c10::BFloat16* bias, int64_t m_dim,
                      int64_t n_dim, int64_t k_dim);
 // The same from the weight's packed copy (its panels' k-steps are the tile multiply's B tiles as
-// they lie: each thread streams whole panels in address order), to 64 rows (two row groups a
-// pass over the panels, passes of 32 rows).
+// they lie: each thread streams whole panels in address order), to 64 rows (past 16, 2-4 row
+// groups of A tiles against each panel, the panels read once).
 bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
                             int64_t ldx, const c10::BFloat16* packed, const c10::BFloat16* bias,
                             int64_t m_dim, int64_t n_dim, int64_t k_dim);

@@ -40,7 +40,9 @@ constexpr int64_t kMaxRows = 16;
 // (packed_panels_amx2), so that a step of 17-32 rows (a batch of 4 verifying 4 drafts each: 20)
 // reads each weight once on tiles too, where the packed AVX512 tiles took 4-6x as long (2-core
 // AMX Xeon: Qwen2.5-1.5B's 20-row forward 354 -> 152 ms, its 16-row one 128-134 ms); 33-64 rows
-// take 3-4 row groups against a panel at a time (packed_panel_groups_amx).
+// take 3-4 row groups against a panel at a time (packed_panel_groups_amx). (That kernel with 2
+// groups for 17-32 rows too, one panel a pass, measured 1.2x slower at 20 and 32 rows: its A
+// tiles are loaded again for every panel.)
 constexpr int64_t kMaxPackedRows = 2 * kMaxRows;
 
 #define VLLM_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f")))
