@@ -3,7 +3,7 @@ consecutive, and the layer's K/V out of the CPU's caches (as between a step's la
 weights stream through them). Prints ms per step (every layer's call) with the caches warm
 (the second of two steps back to back), flushed (a 300 MB read before the step) and per layer
 (a 9 MB read before each layer's call, the weights of a small draft's layer); medians over 3
-rounds of 10.
+rounds of 10; the floor is the K/V bytes over the copy rate measured at the end.
 
     python benchmarks/lab/cpu_attention_cold.py THREADS BATCH CONTEXT
 Environment: H, KVH, D (SmolLM2-135M's 9 / 3 / 64 by default), L (layers, 30), QL (query tokens
@@ -18,6 +18,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.environ.get("REPO", os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))))
+from benchmarks.timing import copy_bandwidth_gbps  # noqa: E402
 from vllm import _custom_ops as ops  # noqa: E402
 
 torch.set_num_threads(int(sys.argv[1]))
@@ -33,7 +34,7 @@ starts = torch.arange(0, QL * bs + 1, QL, dtype=torch.int32)
 q = torch.randn(bs * QL, H, D).bfloat16()
 out = torch.empty_like(q)
 flush = torch.empty(300 << 20, dtype=torch.uint8).fill_(1)
-layer_flush = [flush[i * (9 << 20):(i + 1) * (9 << 20)] for i in range(L)]
+layer_flush = [flush[j * (9 << 20):(j + 1) * (9 << 20)] for j in (i % 33 for i in range(L))]
 
 
 def step(before_layer=None) -> float:
@@ -59,6 +60,8 @@ for _ in range(3):
     for name, s in samples.items():
         results[name].append(statistics.median(s))
 kv_mb = L * bs * ctx * KVH * D * 2 * 2 / 1e6
+rate = copy_bandwidth_gbps("cpu", 256 << 20)  # GB/s at these threads
 print(f"batch {bs} x {QL} tokens, context {ctx}, heads {H}/{KVH} of {D}, {L} layers, "
-      f"{sys.argv[1]} threads, K/V {kv_mb:.1f} MB: " +
+      f"{sys.argv[1]} threads, K/V {kv_mb:.1f} MB, floor {kv_mb / rate:.3f} ms at "
+      f"{rate:.1f} GB/s: " +
       ", ".join(f"{n} {statistics.median(v):.3f} ms" for n, v in results.items()))
