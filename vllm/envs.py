@@ -26,6 +26,12 @@ def _gemv_rows(raw: str) -> int:
     return 8 if _flag(raw) else 0
 
 
+def _blocks_per_sm(raw: str) -> int:
+    if not raw.strip().isdigit() or not 1 <= int(raw) <= 64:
+        raise ValueError("expected a whole number from 1 to 64")
+    return int(raw)
+
+
 def _positive_seconds(raw: str) -> float:
     value = float(raw)
     if not 0 < value <= 60:
@@ -87,11 +93,18 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                              "graph captures them; context sizes them per sequence on the device "
                              "from its own context (a short context over as many blocks as a "
                              "long one; tested on the H200, its speed not yet measured)"),
-    "VLLM_CUDA_ATTN_COMBINE": (_one_of("last-block", "kernel"), "last-block",
+    "VLLM_CUDA_ATTN_COMBINE": (_one_of("last-block", "kernel", "cluster"), "last-block",
                                "how CUDA paged attention merges its key partitions (read by the "
                                "kernel at each call): last-block (the last block of each query "
-                               "tile to finish merges them, one launch) or kernel (a second "
-                               "launch, the combine kernel)"),
+                               "tile to finish merges them, one launch), kernel (a second "
+                               "launch, the combine kernel) or cluster (sm_90 and later: each "
+                               "query tile's partitions, at most 8, run as one thread-block "
+                               "cluster and merge through its shared memory; elsewhere as "
+                               "last-block)"),
+    "VLLM_CUDA_ATTN_BLOCKS_PER_SM": (_blocks_per_sm, 4,
+                                     "CUDA paged attention splits each sequence's keys into "
+                                     "enough partitions for about this many blocks per SM "
+                                     "(read by the kernel at each call; 1 to 64)"),
     "VLLM_FUSED_ROTARY_CACHE": (_flag, True,
                                 "the attention layers rotate queries and keys and write the "
                                 "paged cache in one vllm._C call (one CUDA launch instead of "

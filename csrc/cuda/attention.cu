@@ -1,12 +1,15 @@
 // paged_attention on CUDA: split-K flash attention over paged K/V blocks; the partitions are
-// merged by the last block of each to finish, or by a combine pass.
+// merged through distributed shared memory inside a thread-block cluster (sm_90+), by the last
+// block of each to finish, or by a combine pass.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cooperative_groups.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -22,6 +25,7 @@ namespace {
 constexpr int kThreads = 128, kWarps = kThreads / 32;
 constexpr int kTileKeys = 64;  // keys per K/V tile in shared memory
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kMaxClusterParts = 8;  // blocks of a cluster, the portable most
 
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {
@@ -75,7 +79,7 @@ struct Params {
   int num_parts, part_size;
   float scale_log2;  // scale * log2(e): scores live in log2 units for exp2f
   int parts_by_context;  // partitions sized per sequence on the device (part_keys)
-  int combine_last_block;  // VLLM_CUDA_ATTN_COMBINE: counters wanted when partitioned
+  int combine;  // VLLM_CUDA_ATTN_COMBINE (Combine), read on the host
   // [items * num_kv_heads] arrival counts, zero between launches: with them the last block of
   // each (row tile, kv head) to finish merges the partitions itself; null: the combine kernel
   int* counters;
@@ -177,7 +181,10 @@ __device__ void combine_row(const Params& p, int64_t idx, int vis, int part_size
 }
 
 // One block's partition of keys for rows row0 .. of sequence seq (paged_attention_kernel).
-template <typename T, int HS, int ROWS>
+// kInSmem (the cluster kernel): the block's unnormalized output sums stay in shared memory (at
+// the queries' place) with each row's (m, l), l = 0 for a row that saw no key of the partition,
+// for cluster_merge; otherwise they are written to out (one partition) or the workspace.
+template <typename T, int HS, int ROWS, bool kInSmem>
 __device__ __forceinline__ void attend(const Params& p, int seq, int row0) {
   using C = Cfg<T, HS, ROWS>;
   using P = Pack<T, C::kVec>;
@@ -201,7 +208,12 @@ __device__ __forceinline__ void attend(const Params& p, int seq, int row0) {
   const int key_begin = part * part_size;
   const int key_end = min(key_begin + part_size,
                           visible_keys(p, ctx, q_len, (row0 + rows - 1) / p.group));
-  if (key_begin >= key_end) return;  // no row of the block sees a key of this partition
+  if (key_begin >= key_end) {  // no row of the block sees a key of this partition
+    if constexpr (kInSmem) {
+      for (int r = tid; r < R; r += kThreads) l_s[r] = 0.f;
+    }
+    return;
+  }
   const int num_tiles = (key_end - key_begin + kTileKeys - 1) / kTileKeys;
   const int* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks;
   const T* key_cache = static_cast<const T*>(p.key_cache);
@@ -360,21 +372,24 @@ __device__ __forceinline__ void attend(const Params& p, int seq, int row0) {
   __syncthreads();
   // Rows that see a key of this partition write o / l: straight to out when there is one
   // partition, else to the workspace with (m, l) for the combine kernel.
-  for (int idx = tid; idx < rows * (HS / 4); idx += kThreads) {
-    const int r = idx / (HS / 4), d = idx % (HS / 4) * 4, row = row0 + r;
-    if (vis_s[r] <= key_begin) continue;
-    const float inv = 1.f / l_s[r];  // l >= 1: the row's largest score contributes exp2(0)
-    const float4 o_sum = *reinterpret_cast<const float4*>(o_s + r * HS + d);
-    const float4 o = make_float4(o_sum.x * inv, o_sum.y * inv, o_sum.z * inv, o_sum.w * inv);
-    const int64_t head = static_cast<int64_t>(q_start + row / p.group) * p.num_heads +
-                         kv_head * p.group + row % p.group;
-    if (p.ws_o == nullptr) {
-      *reinterpret_cast<Pack<T, 4>*>(static_cast<T*>(p.out) + head * HS + d) =
-          Pack<T, 4>{{static_cast<T>(o.x), static_cast<T>(o.y), static_cast<T>(o.z), static_cast<T>(o.w)}};
-    } else {
-      const int64_t slot = head * p.num_parts + part;
-      *reinterpret_cast<float4*>(p.ws_o + slot * HS + d) = o;
-      if (d == 0) reinterpret_cast<float2*>(p.ws_ml)[slot] = make_float2(m_s[r], l_s[r]);
+  if constexpr (!kInSmem) {
+    for (int idx = tid; idx < rows * (HS / 4); idx += kThreads) {
+      const int r = idx / (HS / 4), d = idx % (HS / 4) * 4, row = row0 + r;
+      if (vis_s[r] <= key_begin) continue;
+      const float inv = 1.f / l_s[r];  // l >= 1: the row's largest score contributes exp2(0)
+      const float4 o_sum = *reinterpret_cast<const float4*>(o_s + r * HS + d);
+      const float4 o = make_float4(o_sum.x * inv, o_sum.y * inv, o_sum.z * inv, o_sum.w * inv);
+      const int64_t head = static_cast<int64_t>(q_start + row / p.group) * p.num_heads +
+                           kv_head * p.group + row % p.group;
+      if (p.ws_o == nullptr) {
+        *reinterpret_cast<Pack<T, 4>*>(static_cast<T*>(p.out) + head * HS + d) =
+            Pack<T, 4>{{static_cast<T>(o.x), static_cast<T>(o.y), static_cast<T>(o.z),
+                        static_cast<T>(o.w)}};
+      } else {
+        const int64_t slot = head * p.num_parts + part;
+        *reinterpret_cast<float4*>(p.ws_o + slot * HS + d) = o;
+        if (d == 0) reinterpret_cast<float2*>(p.ws_ml)[slot] = make_float2(m_s[r], l_s[r]);
+      }
     }
   }
 }
@@ -420,8 +435,82 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params 
   __syncthreads();
   const int seq = item.x, row0 = item.y * ROWS;
   if (seq < 0) return;  // the grid over-counts items (no block of such an item arrives)
-  attend<T, HS, ROWS>(p, seq, row0);
+  attend<T, HS, ROWS, false>(p, seq, row0);
   if (p.counters != nullptr) combine_if_last<T, HS, ROWS>(p, seq, row0);
+}
+
+// The cluster's partitions of one (row tile, kv head) merged through distributed shared memory:
+// every block holds its rows' output sums o_b (unnormalized) and (m_b, l_b); out = sum_b
+// 2^(m_b - M) o_b / sum_b 2^(m_b - M) l_b over the blocks with l_b > 0. The blocks split the
+// rows' 4-column groups between them. A row no block saw a key of is left untouched in out, as
+// the other merges leave it. The cluster spans the grid's y (partitions) alone: rank = y.
+template <typename T, int HS, int ROWS>
+__device__ __forceinline__ void cluster_merge(const Params& p, int seq, int row0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using C = Cfg<T, HS, ROWS>;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* o_s = reinterpret_cast<float*>(smem + C::kQ);
+  float* m_s = reinterpret_cast<float*>(smem + C::kStats);
+  float* l_s = m_s + ROWS;
+  cluster.sync();  // every block's sums and stats are written and visible to the cluster
+  const int parts = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int q_start = p.query_start_loc[seq], q_len = p.query_start_loc[seq + 1] - q_start;
+  const int rows = min(ROWS, q_len * p.group - row0);
+  constexpr int kGroups = HS / 4;
+  for (int idx = rank * kThreads + threadIdx.x; idx < rows * kGroups; idx += parts * kThreads) {
+    const int r = idx / kGroups, d = idx % kGroups * 4;
+    float mb[kMaxClusterParts], lb[kMaxClusterParts], mx = -INFINITY;
+#pragma unroll
+    for (int b = 0; b < kMaxClusterParts; ++b) {
+      lb[b] = b < parts ? *cluster.map_shared_rank(l_s + r, b) : 0.f;
+      mb[b] = b < parts ? *cluster.map_shared_rank(m_s + r, b) : -INFINITY;
+      if (lb[b] > 0.f) mx = fmaxf(mx, mb[b]);
+    }
+    if (mx == -INFINITY) continue;
+    float w = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int b = 0; b < kMaxClusterParts; ++b) {
+      if (lb[b] > 0.f) {
+        const float s = exp2f(mb[b] - mx);
+        const float4 o = *reinterpret_cast<const float4*>(cluster.map_shared_rank(o_s + r * HS + d, b));
+        w += s * lb[b];
+        acc.x += s * o.x;
+        acc.y += s * o.y;
+        acc.z += s * o.z;
+        acc.w += s * o.w;
+      }
+    }
+    const float inv = 1.f / w;  // w >= 1: the largest m's block has l >= 1
+    const int row = row0 + r;
+    const int64_t head = static_cast<int64_t>(q_start + row / p.group) * p.num_heads +
+                         blockIdx.z * p.group + row % p.group;
+    *reinterpret_cast<Pack<T, 4>*>(static_cast<T*>(p.out) + head * HS + d) =
+        Pack<T, 4>{{static_cast<T>(acc.x * inv), static_cast<T>(acc.y * inv),
+                    static_cast<T>(acc.z * inv), static_cast<T>(acc.w * inv)}};
+  }
+  cluster.sync();  // no block leaves while another may still read its shared memory
+#endif
+}
+
+// paged_attention_kernel's grid with the partitions of each (row tile, kv head) as one cluster
+// (sm_90+, at most kMaxClusterParts): no workspace, no fence, no arrival count. Every block of a
+// cluster has the same item, so an over-counted item's cluster leaves whole.
+template <typename T, int HS, int ROWS>
+__global__ void __launch_bounds__(kThreads) paged_attention_cluster_kernel(const Params p) {
+  __shared__ int2 item;
+  if (threadIdx.x < 32) {
+    const int2 found = find_item(p, blockIdx.x, ROWS);
+    if (threadIdx.x == 0) item = found;
+  }
+  __syncthreads();
+  const int seq = item.x, row0 = item.y * ROWS;
+  if (seq < 0) return;
+  attend<T, HS, ROWS, true>(p, seq, row0);
+  cluster_merge<T, HS, ROWS>(p, seq, row0);
 }
 
 // Without counters: grid (ceil(num_tokens * num_heads / kWarps)); a warp per (token, head).
@@ -446,20 +535,36 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const Params p) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Whether environment variable `name` holds `second` rather than `first` (the default when it
-// is unset); anything else is an error that names both. Read at every call.
-bool env_picks_second(const char* name, const std::string& first, const std::string& second) {
+// The index in `choices` of environment variable `name`'s value (the first choice when it is
+// unset); anything else is an error that names every choice. Read at every call.
+int env_choice(const char* name, std::initializer_list<const char*> choices) {
   const char* v = std::getenv(name);
-  const std::string mode = v == nullptr ? first : v;
-  TORCH_CHECK(mode == first || mode == second, name, " must be ", first, " or ", second,
-              ", got '", mode, "'");
-  return mode == second;
+  const std::string mode = v == nullptr ? *choices.begin() : v;
+  std::string listed;
+  int i = 0, n = static_cast<int>(choices.size());
+  for (const char* c : choices) {
+    if (mode == c) return i;
+    listed += (i == 0 ? "" : i + 1 == n ? " or " : ", ") + std::string(c);
+    ++i;
+  }
+  TORCH_CHECK(false, name, " must be ", listed, ", got '", mode, "'");
 }
 
-// VLLM_CUDA_ATTN_COMBINE: last-block (default: the last block of each row tile and kv head
-// merges the partitions, no second launch) or kernel (the combine kernel).
-bool combine_in_last_block() {
-  return !env_picks_second("VLLM_CUDA_ATTN_COMBINE", "last-block", "kernel");
+// VLLM_CUDA_ATTN_BLOCKS_PER_SM: the blocks per SM the key partitions aim for (default 4).
+int blocks_per_sm() {
+  const char* v = std::getenv("VLLM_CUDA_ATTN_BLOCKS_PER_SM");
+  if (v == nullptr) return 4;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  TORCH_CHECK(*v != '\0' && *end == '\0' && n >= 1 && n <= 64,
+              "VLLM_CUDA_ATTN_BLOCKS_PER_SM must be a whole number from 1 to 64, got '", v, "'");
+  return static_cast<int>(n);
+}
+
+// VLLM_CUDA_ATTN_COMBINE: how the partitions are merged (Combine).
+enum Combine { kLastBlock = 0, kCombineKernel = 1, kCluster = 2 };
+int combine_mode() {
+  return env_choice("VLLM_CUDA_ATTN_COMBINE", {"last-block", "kernel", "cluster"});
 }
 
 // The arrival counters of a device, at least `needed` of them, or null when they would have to
@@ -491,17 +596,47 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
   // each pair holds at least one of the T g rows.
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.group;
   const int64_t items = std::min(rows / C::kRows + p.num_seqs, rows);
-  // Split the context into enough partitions for ~4 blocks per SM (decode at small batch);
-  // large batches and prefills get one partition and skip the combine pass.
-  int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, query.get_device()));
+  // Split the context into enough partitions for ~4 blocks per SM (blocks_per_sm; decode at
+  // small batch); large batches and prefills get one partition and skip the merge. Cluster merges need
+  // sm_90 and at most kMaxClusterParts partitions, which split each sequence's own context
+  // (part_keys) so that a short one still spreads over them; elsewhere the last block merges.
+  const int device = query.get_device();
+  int sms = 0, major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (p.combine == kCluster && major < 9) p.combine = kLastBlock;
   const int64_t max_tiles = ceil_div(max_context_len, kTileKeys);
-  const int64_t wanted = std::clamp<int64_t>(ceil_div(4 * sms, items * p.num_kv_heads), 1, max_tiles);
+  int64_t wanted = std::clamp<int64_t>(
+      ceil_div(static_cast<int64_t>(blocks_per_sm()) * sms, items * p.num_kv_heads), 1, max_tiles);
+  if (p.combine == kCluster) {
+    wanted = std::min<int64_t>(wanted, kMaxClusterParts);
+    p.parts_by_context = 1;
+  }
   const int64_t tiles_per_part = ceil_div(max_tiles, wanted);
   p.num_parts = static_cast<int>(ceil_div(max_tiles, tiles_per_part));
   p.part_size = static_cast<int>(tiles_per_part * kTileKeys);
   TORCH_CHECK(items <= INT32_MAX && p.num_parts <= 65535 && p.num_kv_heads <= 65535,
               "paged_attention: batch too large for one launch");
+  const dim3 grid(static_cast<unsigned>(items), p.num_parts, p.num_kv_heads);
+  if (p.num_parts > 1 && p.combine == kCluster) {
+    auto kernel = paged_attention_cluster_kernel<T, HS, ROWS>;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(C::kBytes)));
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = static_cast<unsigned>(p.num_parts);
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = C::kBytes;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+    return;
+  }
   at::Tensor ws;
   if (p.num_parts > 1) {
     const int64_t slots = static_cast<int64_t>(p.num_tokens) * p.num_heads * p.num_parts;
@@ -509,13 +644,12 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
     p.ws_o = ws.data_ptr<float>();
     p.ws_ml = p.ws_o + slots * HS;
   }
-  if (p.num_parts > 1 && p.combine_last_block) {
-    p.counters = arrival_counters(items * p.num_kv_heads, query.get_device(), stream);
+  if (p.num_parts > 1 && p.combine == kLastBlock) {
+    p.counters = arrival_counters(items * p.num_kv_heads, device, stream);
   }
   auto kernel = paged_attention_kernel<T, HS, ROWS>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(C::kBytes)));
-  const dim3 grid(static_cast<unsigned>(items), p.num_parts, p.num_kv_heads);
   kernel<<<grid, kThreads, C::kBytes, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.num_parts > 1 && p.counters == nullptr) {
@@ -542,7 +676,7 @@ bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_
 
 // VLLM_CUDA_ATTN_PARTS: max (default: partitions sized for max_context_len, as captured in a
 // CUDA graph) or context (sized per sequence on the device: part_keys).
-int parts_by_context() { return env_picks_second("VLLM_CUDA_ATTN_PARTS", "max", "context"); }
+int parts_by_context() { return env_choice("VLLM_CUDA_ATTN_PARTS", {"max", "context"}); }
 
 }  // namespace
 
@@ -571,7 +705,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
            static_cast<int>(num_tokens), static_cast<int>(num_heads), num_kv_heads,
            static_cast<int>(num_heads) / num_kv_heads, static_cast<int>(key_cache.size(2)),
            static_cast<int>(block_tables.size(1)), 0, 0, static_cast<float>(scale) * kLog2e,
-           parts_by_context(), combine_in_last_block(), nullptr};
+           parts_by_context(), combine_mode(), nullptr};
   const c10::cuda::OptionalCUDAGuard guard(device_of(query));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   VLLM_CUDA_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {

@@ -112,14 +112,15 @@ def test_paged_attention_few_rows_on_average_with_a_longer_query(device, num_hea
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("parts", ["max", "context"])
-@pytest.mark.parametrize("combine", ["last-block", "kernel"])
+@pytest.mark.parametrize("combine", ["last-block", "kernel", "cluster"])
 def test_paged_attention_partitions_sized_for_a_longer_context(device, parts, combine,
                                                                monkeypatch):
     """As under a CUDA graph captured for the longest context: max_context_len far above the
     sequences' own, the CUDA kernel's partitions sized for it or per sequence on the device
-    (VLLM_CUDA_ATTN_PARTS) and merged by their last block or a second kernel
-    (VLLM_CUDA_ATTN_COMBINE; the CPU kernel has no partitions): decode, verification, GQA.
-    Each call runs 2-3 launches in a row: the arrival counts start from zero every time."""
+    (VLLM_CUDA_ATTN_PARTS) and merged by their last block, a second kernel or inside a
+    thread-block cluster (VLLM_CUDA_ATTN_COMBINE; the CPU kernel has no partitions): decode,
+    verification, GQA. Each call runs 2-3 launches in a row: the arrival counts start from zero
+    every time."""
     monkeypatch.setenv("VLLM_CUDA_ATTN_PARTS", parts)
     monkeypatch.setenv("VLLM_CUDA_ATTN_COMBINE", combine)
     assert envs.VLLM_CUDA_ATTN_PARTS == parts and envs.VLLM_CUDA_ATTN_COMBINE == combine
@@ -129,10 +130,25 @@ def test_paged_attention_partitions_sized_for_a_longer_context(device, parts, co
 
 
 @pytest.mark.parametrize("device", DEVICES[1:])
+@pytest.mark.parametrize("combine", ["last-block", "cluster"])
+def test_paged_attention_more_blocks_per_sm(device, combine, monkeypatch):
+    """VLLM_CUDA_ATTN_BLOCKS_PER_SM at 16: batches of 8-32 sequences split into partitions
+    (one each at the default), merged by the last block or inside a cluster."""
+    monkeypatch.setenv("VLLM_CUDA_ATTN_BLOCKS_PER_SM", "16")
+    monkeypatch.setenv("VLLM_CUDA_ATTN_COMBINE", combine)
+    assert envs.VLLM_CUDA_ATTN_BLOCKS_PER_SM == 16
+    run_and_compare([256, 3, 70, 129] * 8, [1] * 32, 32, 32, 128, 16, device, 1024)
+    run_and_compare([256, 40, 129, 517] * 2, [5] * 8, 32, 32, 128, 16, device, 1024)
+    run_and_compare([300, 17, 64, 1000] * 2, [1, 2, 1, 3] * 2, 64, 8, 128, 16, device, 2048)
+
+
+@pytest.mark.parametrize("device", DEVICES[1:])
 @pytest.mark.parametrize("variable,value,message", [
     ("VLLM_CUDA_ATTN_PARTS", "auto", "VLLM_CUDA_ATTN_PARTS must be max or context, got 'auto'"),
     ("VLLM_CUDA_ATTN_COMBINE", "tree",
-     "VLLM_CUDA_ATTN_COMBINE must be last-block or kernel, got 'tree'"),
+     "VLLM_CUDA_ATTN_COMBINE must be last-block, kernel or cluster, got 'tree'"),
+    ("VLLM_CUDA_ATTN_BLOCKS_PER_SM", "0",
+     "VLLM_CUDA_ATTN_BLOCKS_PER_SM must be a whole number from 1 to 64, got '0'"),
 ])
 def test_paged_attention_rejects_an_unknown_mode(device, variable, value, message, monkeypatch):
     """Checked at every call, also where the launch needs no partitions (one here)."""
@@ -143,7 +159,7 @@ def test_paged_attention_rejects_an_unknown_mode(device, variable, value, messag
 
 
 @pytest.mark.parametrize("device", DEVICES[1:])
-@pytest.mark.parametrize("combine", ["last-block", "kernel"])
+@pytest.mark.parametrize("combine", ["last-block", "kernel", "cluster"])
 def test_paged_attention_replayed_in_a_cuda_graph(device, combine, monkeypatch):
     """Captured once after a warm-up (which sizes the arrival counters), replayed with new
     queries and context lengths: every replay equals the reference (the counters are left at
