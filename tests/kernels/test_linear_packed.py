@@ -112,3 +112,20 @@ def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
     check_strided_bf16_linear("linear_packed amx", lambda out, x, w, b: ops.linear_packed(
         out, x, w, ops.pack_linear(w), b), m, n, k)
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("threads", [1, 3, 16])
+@pytest.mark.parametrize("m", [8, 16])
+@pytest.mark.parametrize("n,k", [(576, 1536), (84, 96), (2048, 576)])
+def test_linear_packed_amx_panels_per_task(threads, m, n, k, monkeypatch):
+    """8-16 rows on AMX take 4, 2 or 1 panels a task, whichever leaves the busiest thread the
+    fewest (36 panels on 16 threads: 1; on 3: 4; 6 panels on 3 threads: 2): the same sums."""
+    monkeypatch.setenv("VLLM_CPU_AMX", "auto")
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        check_strided_bf16_linear("linear_packed amx tasks", lambda out, x, w, b: ops.linear_packed(
+            out, x, w, ops.pack_linear(w), b), m, n, k)
+    finally:
+        torch.set_num_threads(saved)
