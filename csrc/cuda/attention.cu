@@ -421,19 +421,27 @@ __device__ __forceinline__ void combine_if_last(const Params& p, int seq, int ro
   }
 }
 
+// This block's item (blockIdx.x): its sequence (-1 past the last) and first row, found by one
+// warp and shared with the block.
+template <int ROWS>
+__device__ __forceinline__ int2 block_item(const Params& p) {
+  __shared__ int2 item;
+  if (threadIdx.x < 32) {
+    const int2 found = find_item(p, blockIdx.x, ROWS);
+    if (threadIdx.x == 0) item = make_int2(found.x, found.y * ROWS);
+  }
+  __syncthreads();
+  return item;
+}
+
 // grid (items, partitions, kv heads): item x is a tile of kRows rows r = i * group + g of one
 // sequence's q_len tokens i (find_item); partition y covers keys [y, y + 1) * part_keys. The
 // block loads each K/V tile once for all its rows and keeps a running (max m, sum l, output)
 // per row, flash-attention style.
 template <typename T, int HS, int ROWS>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params p) {
-  __shared__ int2 item;
-  if (threadIdx.x < 32) {
-    const int2 found = find_item(p, blockIdx.x, ROWS);
-    if (threadIdx.x == 0) item = found;
-  }
-  __syncthreads();
-  const int seq = item.x, row0 = item.y * ROWS;
+  const int2 item = block_item<ROWS>(p);
+  const int seq = item.x, row0 = item.y;
   if (seq < 0) return;  // the grid over-counts items (no block of such an item arrives)
   attend<T, HS, ROWS, false>(p, seq, row0);
   if (p.counters != nullptr) combine_if_last<T, HS, ROWS>(p, seq, row0);
@@ -501,13 +509,8 @@ __device__ __forceinline__ void cluster_merge(const Params& p, int seq, int row0
 // cluster has the same item, so an over-counted item's cluster leaves whole.
 template <typename T, int HS, int ROWS>
 __global__ void __launch_bounds__(kThreads) paged_attention_cluster_kernel(const Params p) {
-  __shared__ int2 item;
-  if (threadIdx.x < 32) {
-    const int2 found = find_item(p, blockIdx.x, ROWS);
-    if (threadIdx.x == 0) item = found;
-  }
-  __syncthreads();
-  const int seq = item.x, row0 = item.y * ROWS;
+  const int2 item = block_item<ROWS>(p);
+  const int seq = item.x, row0 = item.y;
   if (seq < 0) return;
   attend<T, HS, ROWS, true>(p, seq, row0);
   cluster_merge<T, HS, ROWS>(p, seq, row0);
