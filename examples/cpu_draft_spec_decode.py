@@ -24,7 +24,7 @@ PROMPTS = [
 
 
 def run(llm: LLM, params: SamplingParams) -> tuple[list, float]:
-    # warm-up, the whole batch: the first step of 8+ rows packs the CPU weights it reads
+    # warm-up, the whole batch: the first step of 2+ rows packs the CPU weights it reads
     llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
     start = time.perf_counter()
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)

@@ -67,7 +67,7 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_CPU_PACKED_WEIGHTS": (_flag, True,
                                 "bf16 CPU linears of the fused decode path (and the logits) "
                                 "also keep a copy of each weight packed for register tiles "
-                                "without horizontal sums, used from 8 rows where the CPU has "
+                                "without horizontal sums, used from 2 rows where the CPU has "
                                 "AVX512_BF16: costs the linear weights' bytes again in memory"),
     "VLLM_CPU_AMX": (_one_of("0", "auto", "all"), "auto",
                      "bf16 CPU linears of few rows on AMX tiles where the CPU has them (read by "

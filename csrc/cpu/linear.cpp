@@ -25,10 +25,12 @@ constexpr int64_t kGemvMaxRows = 8;
 constexpr int64_t kPrefetchBytes = 2048;
 
 // Input rows from which a bf16 step with a packed copy of its weight runs the packed tiles
-// (linear_packed.cpp; up to kSmallMaxRows, as the row-major tiles). Paired
-// whole forwards, 2-core Zen 4: Qwen2.5-0.5B 1.01x / 0.97x the row-major tiles at 4 / 6 rows,
-// 1.04x at 8, 1.44x at 20; SmolLM2-135M 1.06x at 8, 1.26-1.49x at 16-40; Qwen2.5-1.5B 1.43x at 8.
-constexpr int64_t kPackedMinRows = 8;
+// (linear_packed.cpp; up to kSmallMaxRows, as the row-major tiles). Paired whole forwards,
+// 2-core Zen 4: Qwen2.5-0.5B 1.01x / 0.97x the row-major tiles at 4 / 6 rows, 1.04x at 8, 1.44x
+// at 20; SmolLM2-135M 1.06x at 8, 1.26-1.49x at 16-40; Qwen2.5-1.5B 1.43x at 8. 2-core AMX Xeon:
+// Qwen2.5-0.5B 1.24x at 2 rows and 1.22x at 4 (its matrices alone 1.20-1.30x at 2-6 rows, 1.07x
+// at 1 row: not worth a copy of every weight for a batch-1 draft).
+constexpr int64_t kPackedMinRows = 2;
 
 template <int MB>
 inline void prefetch_ahead(const void* p) {

@@ -55,6 +55,21 @@ constexpr int64_t kPackRows = 16;
 inline bool packed_weights_apply(at::ScalarType dtype) {
   return dtype == at::kBFloat16 && has_bf16_dot();
 }
+// How many of `panels` packed panels a parallel task takes: `most` (a power of two: as many as
+// the kernel's accumulators hold) unless a smaller power of two leaves the busiest thread fewer
+// panels, per * ceil(tasks / threads) (at::parallel_for gives a thread one contiguous share;
+// ties keep the larger). SmolLM2's o and down projections, 36 panels, on 16 threads: 4 a task
+// left 7 threads idle and the busy ones 4 panels each; 1 a task, 3.
+inline int64_t panels_per_task(int64_t panels, int64_t most, int64_t threads) {
+  const auto busiest = [&](int64_t per) {
+    return per * (((panels + per - 1) / per + threads - 1) / threads);
+  };
+  int64_t per = most;
+  for (int64_t q = most / 2; q >= 1; q /= 2) {
+    if (busiest(q) < busiest(per)) per = q;
+  }
+  return per;
+}
 // Throws unless packed is empty (not packed) or pack_linear's copy of weight.
 void check_packed(const at::Tensor& packed, const at::Tensor& weight);
 // out [m, n] (row stride ldo) = x [m, k] (row stride ldx) @ W^T (+ bias) from W's packed copy;

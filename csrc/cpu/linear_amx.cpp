@@ -377,18 +377,8 @@ void packed_rows_amx(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, in
     });
     return;
   }
-  // Panels per task: 4 (an accumulator tile each) unless fewer spread the panels better over
-  // the threads: a thread's time is its panels, per * ceil(tasks / threads) (at::parallel_for
-  // gives each thread one contiguous share). SmolLM2's o and down projections (36 panels) on
-  // 16 threads: 9 tasks of 4 left 7 threads idle, a thread 4 panels; 36 tasks of 1, 3 panels.
-  const int64_t threads = at::get_num_threads();
-  int64_t per = kPackedPanels;
-  const auto busiest = [&](int64_t n) {
-    return n * (((panels + n - 1) / n + threads - 1) / threads);
-  };
-  for (int64_t q = kPackedPanels / 2; q >= 1; q /= 2) {
-    if (busiest(q) < busiest(per)) per = q;
-  }
+  // 4 panels a task (an accumulator tile each), or fewer where they spread better
+  const int64_t per = panels_per_task(panels, kPackedPanels, at::get_num_threads());
   const int64_t groups = (panels + per - 1) / per;
   // at least ~32 KB of weights per thread, as the GEMV
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * per));

@@ -1,5 +1,5 @@
 // The bf16 linear of several input rows on weights repacked once (AVX512_BF16; the engine packs
-// them at a model's first step of 8+ rows, vllm/model_executor/cpu_decode.py):
+// them at a model's first step of 2+ rows, vllm/model_executor/cpu_decode.py):
 // out[M, N] = input[M, K] @ weight[N, K]^T (+ bias). The row-major register tiles (linear.cpp,
 // tile_bf16) hold 16-lane partial sums of single outputs and reduce them horizontally at each
 // tile's end, which at 16-20 rows held them to ~280 GFLOP/s on 2 Zen 4 cores against ~470 for the
@@ -140,13 +140,15 @@ bool linear_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
                         int64_t n_dim, int64_t k_dim) {
   if (!has_bf16_dot()) return false;
   const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
-  const int64_t tiles = (panels + kPanels - 1) / kPanels;
-  // contiguous blocks of tiles per thread, at least ~32 KB of weights each
-  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * kPanels));
-  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
+  // 2 panels a task (a tile), or 1 where that spreads them better over the threads
+  const int64_t per = panels_per_task(panels, kPanels, at::get_num_threads());
+  const int64_t tasks = (panels + per - 1) / per;
+  // contiguous blocks of tasks per thread, at least ~32 KB of weights each
+  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * per));
+  at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t pb = t * kPanels;
-      if (pb + kPanels <= panels) {
+      const int64_t pb = t * per;
+      if (pb + kPanels <= panels && per == kPanels) {
         packed_panels<kPanels>(out, ldo, x, ldx, packed, bias, m_dim, n_dim, k_dim, pb);
       } else {
         packed_panels<1>(out, ldo, x, ldx, packed, bias, m_dim, n_dim, k_dim, pb);

@@ -173,7 +173,7 @@ def run(model, caches, md, ids, positions, path, monkeypatch):
     ([33] * 4 + [12] * 4, [4] * 8),  # 32 rows
     ([30] * 8 + [9] * 8, [4] * 16),  # 64 rows, the largest the path takes
 ])
-# packed: bf16 from 8 rows on the packed tiles (where the CPU has AVX512_BF16) or not
+# packed: bf16 from 2 rows on the packed tiles (where the CPU has AVX512_BF16) or not
 @pytest.mark.parametrize("packed", ["1", "0"])
 def test_decode_layers_matches_per_op_path(shape, dtype, context_lens, q_lens, packed,
                                            monkeypatch):

@@ -42,11 +42,11 @@ def test_pack_is_empty_where_it_does_not_apply():
 
 
 @needs_bf16_dot
-# m: below the packed tiles (1, 4, 7: linear_small's kernels), 8 upward with every count of rows
-# left over by 12-row tiles (8-11, 13-23), whole tiles (12, 24, 36, 48, 60), the largest the tiles
-# take (64) and one above it (65: torch's GEMM)
-@pytest.mark.parametrize("m", [1, 4, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
-                               23, 24, 36, 48, 60, 64, 65])
+# m: below the packed tiles (1: linear_small's GEMV), 2 upward with every count of rows left over
+# by 12-row tiles (2-11, 13-23), whole tiles (12, 24, 36, 48, 60), the largest the tiles take (64)
+# and one above it (65: torch's GEMM)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
+                               20, 21, 22, 23, 24, 36, 48, 60, 64, 65])
 # n: whole 2-panel tiles (64, 1152), an odd panel count (48: a 1-panel tile at the end), a panel
 # tail (37, 1); k: even, odd (810 + 1, 33, 1)
 @pytest.mark.parametrize("n,k", [(64, 64), (1152, 896), (48, 33), (37, 811), (1, 1)])
@@ -115,17 +115,19 @@ def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
 
 
 @needs_bf16_dot
+@pytest.mark.parametrize("amx", ["0", "auto"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
-@pytest.mark.parametrize("m", [8, 16])
+@pytest.mark.parametrize("m", [4, 8, 16])
 @pytest.mark.parametrize("n,k", [(576, 1536), (84, 96), (2048, 576)])
-def test_linear_packed_amx_panels_per_task(threads, m, n, k, monkeypatch):
-    """8-16 rows on AMX take 4, 2 or 1 panels a task, whichever leaves the busiest thread the
-    fewest (36 panels on 16 threads: 1; on 3: 4; 6 panels on 3 threads: 2): the same sums."""
-    monkeypatch.setenv("VLLM_CPU_AMX", "auto")
+def test_linear_packed_panels_per_task(amx, threads, m, n, k, monkeypatch):
+    """A task takes the most panels (AMX 4, the packed AVX512 tiles 2) or fewer, whichever leaves
+    the busiest thread the fewest (36 panels on 16 threads: 1; on 3: the most; 6 panels on 3
+    threads: 2): the same sums at every thread count (4 rows: the AVX512 tiles either way)."""
+    monkeypatch.setenv("VLLM_CPU_AMX", amx)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        check_strided_bf16_linear("linear_packed amx tasks", lambda out, x, w, b: ops.linear_packed(
+        check_strided_bf16_linear("linear_packed tasks", lambda out, x, w, b: ops.linear_packed(
             out, x, w, ops.pack_linear(w), b), m, n, k)
     finally:
         torch.set_num_threads(saved)

@@ -3,7 +3,7 @@ runs every decoder layer in one vllm._C call (decode_layers), so it costs the we
 than a Python and dispatcher round trip per op. Its matmuls, and the logits', are linear_small's:
 a GEMV (each weight streamed once for all rows) or register tiles where those beat torch's GEMM
 (bf16 on AVX512_BF16 up to MAX_ROWS rows, other dtypes up to 8), that GEMM elsewhere; bf16 on
-AVX512_BF16 from 8 rows the tiles over a copy of the weights packed at the first such step
+AVX512_BF16 from 2 rows the tiles over a copy of the weights packed at the first such step
 (VLLM_CPU_PACKED_WEIGHTS: the linear weights' bytes again in memory).
 The per-op path (the model's own forward) stays the reference and runs wherever this one does
 not apply: other devices, more rows, other dtypes, biases beyond Qwen2's q/k/v, partial rotary."""
@@ -18,9 +18,10 @@ from vllm import envs
 # path with the register tiles 1.05-1.15x faster than the per-op path with torch's GEMM)
 MAX_ROWS = 64
 # steps of at least this many rows run bf16 linears on the weights' packed copies (linear.cpp's
-# kPackedMinRows: Qwen2.5-0.5B forwards 0.97-1.01x the row-major tiles at 4-6 rows, 1.04x at 8,
-# 1.44x at 20); fewer rows never make the copies (a draft at batch 1 keeps its memory)
-PACKED_MIN_ROWS = 8
+# kPackedMinRows: Qwen2.5-0.5B forwards 1.22-1.24x faster than on the row-major weights at 2-4
+# rows on an AMX Xeon, 0.97-1.01x at 4-6 on Zen 4, 1.44x at 20); a step of one row never makes
+# the copies (a draft at batch 1 keeps its memory)
+PACKED_MIN_ROWS = 2
 DTYPES = (torch.float32, torch.bfloat16)
 # where a step's time goes: set to a float64 tensor of len(ops.DECODE_STAGES) zeros, every
 # decode_layers call adds each stage's milliseconds to it (benchmarks/benchmark_draft.py); None:
