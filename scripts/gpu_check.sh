@@ -8,7 +8,8 @@
 #   (goodput: a never-accepted CPU draft vs plain at GOODPUT_BATCHES, per GOODPUT_MODES (the
 #   drafter spinning or not, its cores); profile: the target step by kernel at PROFILE_SHAPES x
 #   PROFILE_BATCHES, each setting of PROFILE_VARIANTS (below), benchmarks/profile_step.py;
-#   gemv: benchmarks/benchmark_gemv_cuda.py at GEMV_ROWS; draft: DRAFT_THREADS, DRAFT_PATHS,
+#   gemv: benchmarks/benchmark_gemv_cuda.py at GEMV_ROWS; attn: benchmarks/benchmark_attention_cuda.py
+#   at each of ATTN_VARIANTS (as PROFILE_VARIANTS, comma-joined settings); draft: DRAFT_THREADS, DRAFT_PATHS,
 #   DRAFT_TAG a suffix for its files, DRAFT_PROFILE=1 for an op profile of each shape's batch-8
 #   step at all cores; the fused rows print decode_layers' time by stage)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
@@ -32,19 +33,17 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after run 23: the served sweep at HEAD (SERVE_LAYOUTS=mp
-#   SERVE_CONFIGS=plain,goodput SERVE_K=4 SERVE_ROUNDS=2: issue 13's served bars, last measured in
-#   run 20, before the drafter's spin window fell from 1 s to VLLM_DRAFTER_SPIN_IDLE_S=0.05);
-#   the draft stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused) for issue 10's batch 8, whose stage
-#   clock in run 23 put SmolLM2's extra batch-8 time in its single-threaded small ops (norms,
-#   silu_and_mul, rotary + cache: +1.05 ms of +3.36), the attention (+0.86) and the down
-#   projection on AMX (+0.65); since then AMX reads the packed copies, the attention of 5+-row
-#   tasks keeps its sums in registers, its prefetches are spread one row per key (the 2-core
-#   machine's batch-8 attention 1.3-1.6x faster with its caches cold), and decode_layers splits
-#   those small ops over the threads: run the stage twice, the second with DRAFT_TAG=_split0
-#   VLLM_CPU_DECODE_SPLIT_ELEMS=0 (the small ops on one thread, as in run 23) for their share on 16 threads; then issue 15
-#   (PROFILE_SHAPES, the target step by kernel: at 7B batch 1 the GEMV is at the floor and 0.72
-#   ms is the rest). A lease's start has taken 1-6
+#   (the next lease's plan, after the eighteenth session (no machine started): the cluster
+#   merge of the CUDA attention's partitions, never run yet: PYTEST_ARGS="-m cuda -k
+#   'partitions or graph or blocks_per_sm or rejects'" on tests/kernels/test_attention.py, then
+#   ATTN_VARIANTS="default VLLM_CUDA_ATTN_COMBINE=cluster VLLM_CUDA_ATTN_COMBINE=cluster,VLLM_CUDA_ATTN_BLOCKS_PER_SM=16"
+#   ... attn, PROFILE_SHAPES=llama-2-7b PROFILE_BATCHES=1x1,1x5,32x1 PROFILE_VARIANTS="default
+#   VLLM_CUDA_ATTN_COMBINE=cluster" ... profile (issue 15: predicted 7B batch 1 3.84 -> ~3.70 ms),
+#   VLLM_CUDA_ATTN_COMBINE=cluster pytest -m cuda tests/engine/test_cuda_engine.py; then the
+#   draft stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused) for issue 10's batch 8 on the host
+#   (packed panels now spread over the threads: SmolLM2's o and down at batch 8 predicted ~25%
+#   shorter); build with VLLM_CUDA_ARCHS=90 to save ~half the attention's compile. A lease's
+#   start has taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
 #   a pair stage is ~4 min with its training, ~1 min more per extra round)
@@ -296,6 +295,12 @@ if want profile; then
       grep -v "INFO\|WARNING" "$OUT_DIR/profile_$tag.log" | tail -48
     done
   done
+fi
+if want attn; then
+  echo "== paged_attention alone: decode and verification at 7B / 34B shapes, each ATTN_VARIANTS"
+  "$PY" -m benchmarks.benchmark_attention_cuda --variants "${ATTN_VARIANTS:-default}" \
+    --output-json "$OUT_DIR/attention_cuda.json" > "$OUT_DIR/attention_cuda.log" 2>&1 || status=1
+  grep " us " "$OUT_DIR/attention_cuda.log"
 fi
 if want gemv; then
   echo "== linear_small (our GEMV) vs cuBLAS at few rows: 7B weight shapes and a whole 7B step"
