@@ -1,8 +1,13 @@
-"""SmolLM2-135M's four decoder linears on their packed copies (linear_packed: AMX tiles from 8
-rows on an AMX CPU, the GEMV at 1 row), 1 and 8 input rows: median ms per pass over L layers'
-weights (L=240 streams them from memory on a CPU with a large L3; 30 is one model), each
-against the floor of its weight bytes over the copy rate measured here. REPO= another tree's
-vllm (A/B of two builds), T= threads (default 2).
+"""A small model's four decoder linears (qkv, o, gate_up, down of L layers) at a few input-row
+counts, on the row-major weights (linear_small: the GEMV, the register tiles) and on their packed
+copies (linear_packed: the packed AVX512 tiles, or AMX tiles where VLLM_CPU_AMX takes the rows):
+median ms per pass over the layers, each row count and path in turns, against the floor of the
+weight bytes over the copy rate measured here. A row count below linear.cpp's kPackedMinRows
+runs the row-major kernels on either path.
+    MODEL=smollm2|qwen0.5b (default smollm2), L= layers (30; 240 streams SmolLM2's weights from
+    memory on a CPU with a large L3), ROWS=1,8, PATHS=row-major,packed, PER_MATRIX=1 (a line per
+    matrix, else one per path and row count for all four), T= threads (2), REPO= another tree's
+    vllm (A/B of two builds)
     L=240 python benchmarks/lab/cpu_packed_rows.py"""
 import os
 import statistics
@@ -17,11 +22,15 @@ import torch  # noqa: E402
 from benchmarks.timing import copy_bandwidth_gbps  # noqa: E402
 from vllm import _custom_ops as ops  # noqa: E402
 
-torch.manual_seed(0)
-torch.set_num_threads(int(os.environ.get("T", "2")))
-H, I, KV = 576, 1536, 192
+# hidden, intermediate, KV width (KV heads x head size)
+MODELS = {"smollm2": (576, 1536, 192), "qwen0.5b": (896, 4864, 128)}
+H, I, KV = MODELS[os.environ.get("MODEL", "smollm2")]
 SHAPES = {"qkv": (H + 2 * KV, H), "o": (H, H), "gate_up": (2 * I, H), "down": (H, I)}
 LAYERS = int(os.environ.get("L", "30"))
+ROWS = [int(r) for r in os.environ.get("ROWS", "1,8").split(",")]
+PATHS = os.environ.get("PATHS", "row-major,packed").split(",")
+torch.manual_seed(0)
+torch.set_num_threads(int(os.environ.get("T", "2")))
 
 
 def weights(shape):
@@ -33,26 +42,35 @@ ws = {name: [weights(s) for _ in range(LAYERS)] for name, s in SHAPES.items()}
 bw = copy_bandwidth_gbps("cpu", 1 << 28)
 
 
-def one_pass(name, m):
+def one_pass(name, m, path):
     n, k = SHAPES[name]
     x = torch.randn(m, k, dtype=torch.bfloat16)
     out = torch.empty(m, n, dtype=torch.bfloat16)
     start = time.perf_counter()
     for w, packed in ws[name]:
-        ops.linear_packed(out, x, w, packed)
+        if path == "packed":
+            ops.linear_packed(out, x, w, packed)
+        else:
+            ops.linear_small(out, x, w, None)
     return (time.perf_counter() - start) * 1e3
 
 
 times = {}
-for rnd in range(7):  # the shapes and row counts in turns; the first round warms up
+for rnd in range(7):  # everything in turns; the first round warms up
     for name in SHAPES:
-        for m in (1, 8):
-            ms = one_pass(name, m)
-            if rnd:
-                times.setdefault((name, m), []).append(ms)
-print(f"{torch.get_num_threads()} threads, {LAYERS} layers, copy rate {bw:.1f} GB/s")
-for name, (n, k) in SHAPES.items():
-    floor = n * k * 2 * LAYERS / (bw * 1e9) * 1e3
-    one, eight = (statistics.median(times[(name, m)]) for m in (1, 8))
-    print(f"{name:8s} floor {floor:6.3f} ms  1 row {one:6.3f} ms ({one / floor:4.2f}x)  "
-          f"8 rows {eight:6.3f} ms ({eight / floor:4.2f}x)  8 / 1 {eight / one:4.2f}")
+        for m in ROWS:
+            for path in PATHS:
+                ms = one_pass(name, m, path)
+                if rnd:
+                    times.setdefault((name, m, path), []).append(ms)
+print(f"{torch.get_num_threads()} threads, {LAYERS} layers, copy rate {bw:.1f} GB/s, "
+      f"VLLM_CPU_AMX={os.environ.get('VLLM_CPU_AMX', 'auto')}")
+groups = [[name] for name in SHAPES] if os.environ.get("PER_MATRIX") else [list(SHAPES)]
+for names in groups:
+    floor = sum(SHAPES[n][0] * SHAPES[n][1] for n in names) * 2 * LAYERS / (bw * 1e9) * 1e3
+    cells = []
+    for m in ROWS:
+        for path in PATHS:
+            ms = sum(statistics.median(times[(n, m, path)]) for n in names)
+            cells.append(f"{m} rows {path} {ms:7.3f} ({ms / floor:4.2f}x)")
+    print(f"{'+'.join(names):18s} floor {floor:7.3f} ms  " + "  ".join(cells))
