@@ -544,13 +544,15 @@ int env_choice(const char* name, std::initializer_list<const char*> choices) {
   const char* v = std::getenv(name);
   const std::string mode = v == nullptr ? *choices.begin() : v;
   std::string listed;
-  int i = 0, n = static_cast<int>(choices.size());
+  int i = 0, found = -1;
+  const int n = static_cast<int>(choices.size());
   for (const char* c : choices) {
-    if (mode == c) return i;
+    if (mode == c && found < 0) found = i;
     listed += (i == 0 ? "" : i + 1 == n ? " or " : ", ") + std::string(c);
     ++i;
   }
-  TORCH_CHECK(false, name, " must be ", listed, ", got '", mode, "'");
+  TORCH_CHECK(found >= 0, name, " must be ", listed, ", got '", mode, "'");
+  return found;
 }
 
 // VLLM_CUDA_ATTN_BLOCKS_PER_SM: the blocks per SM the key partitions aim for (default 4).
@@ -590,6 +592,23 @@ int* arrival_counters(int64_t needed, int device, cudaStream_t stream) {
   C10_CUDA_CHECK(cudaMemsetAsync(array, 0, size * sizeof(int), stream));
   a = {array, size};
   return array;
+}
+
+// Whether a cluster launch of `config` (its cluster dimension among its attributes) can be
+// scheduled on `device`: at least one such cluster fits at a time. Cached per (kernel, cluster
+// size, device), as the occupancy query costs a host round trip per call.
+bool cluster_fits(const void* kernel, const cudaLaunchConfig_t& config, int device) {
+  static std::mutex mutex;
+  static std::unordered_map<std::string, bool> fits;
+  const std::string key = std::to_string(reinterpret_cast<uintptr_t>(kernel)) + "/" +
+                          std::to_string(config.attrs[0].val.clusterDim.y) + "/" +
+                          std::to_string(device);
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = fits.find(key);
+  if (found != fits.end()) return found->second;
+  int clusters = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+  return fits[key] = clusters > 0;
 }
 
 template <typename T, int HS, int ROWS>
@@ -637,8 +656,11 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
     config.stream = stream;
     config.attrs = attr;
     config.numAttrs = 1;
-    C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
-    return;
+    if (cluster_fits(reinterpret_cast<const void*>(kernel), config, device)) {
+      C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+      return;
+    }
+    p.combine = kLastBlock;  // the same partitions, merged by their last block
   }
   at::Tensor ws;
   if (p.num_parts > 1) {
