@@ -92,7 +92,9 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                              "call): max sizes them on the host for max_context_len, as a CUDA "
                              "graph captures them; context sizes them per sequence on the device "
                              "from its own context (a short context over as many blocks as a "
-                             "long one; tested on the H200, its speed not yet measured)"),
+                             "long one; tested on the H200, its speed not yet measured); the "
+                             "cluster merge (VLLM_CUDA_ATTN_COMBINE) always sizes them per "
+                             "sequence"),
     "VLLM_CUDA_ATTN_COMBINE": (_one_of("last-block", "kernel", "cluster"), "last-block",
                                "how CUDA paged attention merges its key partitions (read by the "
                                "kernel at each call): last-block (the last block of each query "

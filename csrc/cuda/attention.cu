@@ -10,8 +10,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
+#include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -92,6 +94,20 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// The (token, head) index of row `row` of a tile of kv head kv_head (row = i * group + g: token
+// q_start + i, head kv_head * group + g): where the row's query is read and its output written.
+__device__ __forceinline__ int64_t row_head(const Params& p, int q_start, int row, int kv_head) {
+  return static_cast<int64_t>(q_start + row / p.group) * p.num_heads + kv_head * p.group +
+         row % p.group;
+}
+
+// out[0 .. 3] = v, cast to T in one 4-element store.
+template <typename T>
+__device__ __forceinline__ void store4(T* out, float4 v) {
+  *reinterpret_cast<Pack<T, 4>*>(out) = Pack<T, 4>{
+      {static_cast<T>(v.x), static_cast<T>(v.y), static_cast<T>(v.z), static_cast<T>(v.w)}};
 }
 
 // Keys visible to query token i of a sequence: causal among its q_len new tokens, clamped to
@@ -222,8 +238,7 @@ __device__ __forceinline__ void attend(const Params& p, int seq, int row0) {
   // Queries in fp32, pre-scaled into log2 units; running stats; visible keys per row.
   for (int idx = tid; idx < rows * C::kChunks; idx += kThreads) {
     const int r = idx / C::kChunks, c = idx % C::kChunks, row = row0 + r;
-    const int64_t head = static_cast<int64_t>(q_start + row / p.group) * p.num_heads +
-                         kv_head * p.group + row % p.group;
+    const int64_t head = row_head(p, q_start, row, kv_head);
     const P v = reinterpret_cast<const P*>(static_cast<const T*>(p.query) + head * HS)[c];
 #pragma unroll
     for (int e = 0; e < C::kVec; ++e) q_s[r * HS + c * C::kVec + e] = static_cast<float>(v.v[e]) * p.scale_log2;
@@ -379,12 +394,9 @@ __device__ __forceinline__ void attend(const Params& p, int seq, int row0) {
       const float inv = 1.f / l_s[r];  // l >= 1: the row's largest score contributes exp2(0)
       const float4 o_sum = *reinterpret_cast<const float4*>(o_s + r * HS + d);
       const float4 o = make_float4(o_sum.x * inv, o_sum.y * inv, o_sum.z * inv, o_sum.w * inv);
-      const int64_t head = static_cast<int64_t>(q_start + row / p.group) * p.num_heads +
-                           kv_head * p.group + row % p.group;
+      const int64_t head = row_head(p, q_start, row, kv_head);
       if (p.ws_o == nullptr) {
-        *reinterpret_cast<Pack<T, 4>*>(static_cast<T*>(p.out) + head * HS + d) =
-            Pack<T, 4>{{static_cast<T>(o.x), static_cast<T>(o.y), static_cast<T>(o.z),
-                        static_cast<T>(o.w)}};
+        store4(static_cast<T*>(p.out) + head * HS + d, o);
       } else {
         const int64_t slot = head * p.num_parts + part;
         *reinterpret_cast<float4*>(p.ws_o + slot * HS + d) = o;
@@ -415,8 +427,7 @@ __device__ __forceinline__ void combine_if_last(const Params& p, int seq, int ro
   const int rows = min(ROWS, q_len * p.group - row0);
   for (int r = threadIdx.x / 32; r < rows; r += kWarps) {
     const int row = row0 + r, i = row / p.group;
-    const int64_t idx = static_cast<int64_t>(q_start + i) * p.num_heads +
-                        blockIdx.z * p.group + row % p.group;
+    const int64_t idx = row_head(p, q_start, row, blockIdx.z);
     combine_row<T, HS>(p, idx, visible_keys(p, ctx, q_len, i), part_size, threadIdx.x % 32);
   }
 }
@@ -493,12 +504,9 @@ __device__ __forceinline__ void cluster_merge(const Params& p, int seq, int row0
       }
     }
     const float inv = 1.f / w;  // w >= 1: the largest m's block has l >= 1
-    const int row = row0 + r;
-    const int64_t head = static_cast<int64_t>(q_start + row / p.group) * p.num_heads +
-                         blockIdx.z * p.group + row % p.group;
-    *reinterpret_cast<Pack<T, 4>*>(static_cast<T*>(p.out) + head * HS + d) =
-        Pack<T, 4>{{static_cast<T>(acc.x * inv), static_cast<T>(acc.y * inv),
-                    static_cast<T>(acc.z * inv), static_cast<T>(acc.w * inv)}};
+    const int64_t head = row_head(p, q_start, row0 + r, blockIdx.z);
+    store4(static_cast<T*>(p.out) + head * HS + d,
+           make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
   }
   cluster.sync();  // no block leaves while another may still read its shared memory
 #endif
@@ -599,10 +607,8 @@ int* arrival_counters(int64_t needed, int device, cudaStream_t stream) {
 // size, device), as the occupancy query costs a host round trip per call.
 bool cluster_fits(const void* kernel, const cudaLaunchConfig_t& config, int device) {
   static std::mutex mutex;
-  static std::unordered_map<std::string, bool> fits;
-  const std::string key = std::to_string(reinterpret_cast<uintptr_t>(kernel)) + "/" +
-                          std::to_string(config.attrs[0].val.clusterDim.y) + "/" +
-                          std::to_string(device);
+  static std::map<std::tuple<const void*, unsigned, int>, bool> fits;
+  const auto key = std::make_tuple(kernel, config.attrs[0].val.clusterDim.y, device);
   const std::lock_guard<std::mutex> lock(mutex);
   const auto found = fits.find(key);
   if (found != fits.end()) return found->second;
@@ -619,9 +625,10 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.group;
   const int64_t items = std::min(rows / C::kRows + p.num_seqs, rows);
   // Split the context into enough partitions for ~4 blocks per SM (blocks_per_sm; decode at
-  // small batch); large batches and prefills get one partition and skip the merge. Cluster merges need
-  // sm_90 and at most kMaxClusterParts partitions, which split each sequence's own context
-  // (part_keys) so that a short one still spreads over them; elsewhere the last block merges.
+  // small batch); large batches and prefills get one partition and skip the merge. Cluster
+  // merges need sm_90 and at most kMaxClusterParts partitions, which split each sequence's own
+  // context (part_keys, whatever VLLM_CUDA_ATTN_PARTS says) so that a short one still spreads
+  // over them; elsewhere the last block merges.
   const int device = query.get_device();
   int sms = 0, major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
