@@ -107,6 +107,12 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                      "CUDA paged attention splits each sequence's keys into "
                                      "enough partitions for about this many blocks per SM "
                                      "(read by the kernel at each call; 1 to 64)"),
+    "VLLM_CUDA_PDL": (_one_of("0", "1"), "0",
+                      "vllm._C's CUDA kernels launched with programmatic dependent launch (sm_90 "
+                      "and later; read at every launch): each lets the next kernel start early "
+                      "and waits for the one before it, and linear_small requests its weight "
+                      "rows into L2 before waiting, so the weights stream while the small "
+                      "kernels between a decode step's GEMVs run"),
     "VLLM_FUSED_ROTARY_CACHE": (_flag, True,
                                 "the attention layers rotate queries and keys and write the "
                                 "paged cache in one vllm._C call (one CUDA launch instead of "

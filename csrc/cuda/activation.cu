@@ -8,6 +8,7 @@
 
 #include "core/checks.h"
 #include "cuda/dispatch.h"
+#include "cuda/launch.cuh"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -25,6 +26,7 @@ struct alignas(sizeof(T) * N) Pack {
 template <typename T, int N>
 __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ input, int64_t d) {
   using P = Pack<T, N>;
+  chain_in();
   const int64_t i = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
   if (i >= d / N) return;
   const T* gate = input + static_cast<int64_t>(blockIdx.x) * 2 * d;
@@ -53,8 +55,7 @@ void launch(at::Tensor& out, const at::Tensor& input, int64_t d, int64_t num_tok
   TORCH_CHECK(chunks <= 65535, "silu_and_mul: d = ", d, " is too large");
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(chunks));
   auto kernel = vec ? silu_and_mul_kernel<T, N> : silu_and_mul_kernel<T, 1>;
-  kernel<<<grid, kThreads, 0, stream>>>(out.data_ptr<T>(), input.data_ptr<T>(), d);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_kernel(kernel, grid, dim3(kThreads), 0, stream, out.data_ptr<T>(), input.data_ptr<T>(), d);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "core/checks.h"
 #include "cuda/dispatch.h"
+#include "cuda/launch.cuh"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -451,6 +452,7 @@ __device__ __forceinline__ int2 block_item(const Params& p) {
 // per row, flash-attention style.
 template <typename T, int HS, int ROWS>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Params p) {
+  chain_in();
   const int2 item = block_item<ROWS>(p);
   const int seq = item.x, row0 = item.y;
   if (seq < 0) return;  // the grid over-counts items (no block of such an item arrives)
@@ -517,6 +519,7 @@ __device__ __forceinline__ void cluster_merge(const Params& p, int seq, int row0
 // cluster has the same item, so an over-counted item's cluster leaves whole.
 template <typename T, int HS, int ROWS>
 __global__ void __launch_bounds__(kThreads) paged_attention_cluster_kernel(const Params p) {
+  chain_in();
   const int2 item = block_item<ROWS>(p);
   const int seq = item.x, row0 = item.y;
   if (seq < 0) return;
@@ -527,6 +530,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_cluster_kernel(const
 // Without counters: grid (ceil(num_tokens * num_heads / kWarps)); a warp per (token, head).
 template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const Params p) {
+  chain_in();
   const int lane = threadIdx.x % 32;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (idx >= static_cast<int64_t>(p.num_tokens) * p.num_heads) return;
@@ -664,7 +668,7 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
     config.attrs = attr;
     config.numAttrs = 1;
     if (cluster_fits(reinterpret_cast<const void*>(kernel), config, device)) {
-      C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+      launch_kernel_ex(kernel, grid, dim3(kThreads), C::kBytes, stream, attr, 1, p);
       return;
     }
     p.combine = kLastBlock;  // the same partitions, merged by their last block
@@ -682,12 +686,10 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
   auto kernel = paged_attention_kernel<T, HS, ROWS>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(C::kBytes)));
-  kernel<<<grid, kThreads, C::kBytes, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_kernel(kernel, grid, dim3(kThreads), C::kBytes, stream, p);
   if (p.num_parts > 1 && p.counters == nullptr) {
     const int64_t blocks = ceil_div(static_cast<int64_t>(p.num_tokens) * p.num_heads, kWarps);
-    combine_kernel<T, HS><<<blocks, kThreads, 0, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(combine_kernel<T, HS>, dim3(blocks), dim3(kThreads), 0, stream, p);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/checks.h"
+#include "cuda/launch.cuh"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -48,6 +49,7 @@ __global__ void reshape_and_cache_kernel(const char* __restrict__ key, const cha
                                          int64_t k_stride1, int64_t v_stride0, int64_t v_stride1,
                                          int num_kv_heads, int row_units, int block_size,
                                          int64_t num_slots) {
+  chain_in();
   const int64_t t = blockIdx.x;
   const int64_t slot = slot_mapping[t];
   // negative slots are padding; slots past the cache (which the CPU rejects on the host, a
@@ -105,13 +107,13 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
   const c10::cuda::OptionalCUDAGuard guard(device_of(key));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   VLLM_DISPATCH_UNIT(unit, [&] {
-    reshape_and_cache_kernel<U><<<num_tokens, threads, 0, stream>>>(
+    launch_kernel(
+        reshape_and_cache_kernel<U>, dim3(num_tokens), dim3(threads), 0, stream,
         static_cast<const char*>(key.data_ptr()), static_cast<const char*>(value.data_ptr()),
         static_cast<char*>(key_cache.data_ptr()), static_cast<char*>(value_cache.data_ptr()),
         slot_mapping.data_ptr<int64_t>(), key.stride(0) * elem, key.stride(1) * elem,
         value.stride(0) * elem, value.stride(1) * elem, static_cast<int>(num_kv_heads),
         static_cast<int>(row_units), static_cast<int>(block_size), num_blocks * block_size);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
 

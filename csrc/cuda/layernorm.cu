@@ -8,6 +8,7 @@
 
 #include "core/checks.h"
 #include "cuda/dispatch.h"
+#include "cuda/launch.cuh"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -57,6 +58,7 @@ __global__ void rms_norm_kernel(T* out, const T* input,
                                 float epsilon) {
   __shared__ float shared[32];
   using P = Pack<T, N>;
+  chain_in();
   const T* x = input + blockIdx.x * in_stride;
   float sum_sq = 0.f;
   for (int i = threadIdx.x; i < hidden / N; i += blockDim.x) {
@@ -78,6 +80,7 @@ __global__ void fused_add_rms_norm_kernel(T* __restrict__ input, T* __restrict__
                                           float epsilon) {
   __shared__ float shared[32];
   using P = Pack<T, N>;
+  chain_in();
   T* x = input + static_cast<int64_t>(blockIdx.x) * hidden;
   T* r = residual + static_cast<int64_t>(blockIdx.x) * hidden;
   float sum_sq = 0.f;
@@ -118,10 +121,10 @@ void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight
     const bool vec = hidden % N == 0 && in_stride % N == 0 && aligned16(input.data_ptr()) &&
                      aligned16(out.data_ptr()) && aligned16(weight.data_ptr());
     auto kernel = vec ? rms_norm_kernel<scalar_t, N> : rms_norm_kernel<scalar_t, 1>;
-    kernel<<<num_tokens, threads_for(vec ? hidden / N : hidden), 0, stream>>>(
-        out.data_ptr<scalar_t>(), input.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
-        in_stride, static_cast<int>(hidden), static_cast<float>(epsilon));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(kernel, dim3(num_tokens), dim3(threads_for(vec ? hidden / N : hidden)), 0, stream,
+                  out.data_ptr<scalar_t>(), input.data_ptr<scalar_t>(),
+                  weight.data_ptr<scalar_t>(), in_stride, static_cast<int>(hidden),
+                  static_cast<float>(epsilon));
   });
 }
 
@@ -139,10 +142,10 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
     const bool vec = hidden % N == 0 && aligned16(input.data_ptr()) &&
                      aligned16(residual.data_ptr()) && aligned16(weight.data_ptr());
     auto kernel = vec ? fused_add_rms_norm_kernel<scalar_t, N> : fused_add_rms_norm_kernel<scalar_t, 1>;
-    kernel<<<num_tokens, threads_for(vec ? hidden / N : hidden), 0, stream>>>(
-        input.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
-        static_cast<int>(hidden), static_cast<float>(epsilon));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(kernel, dim3(num_tokens), dim3(threads_for(vec ? hidden / N : hidden)), 0, stream,
+                  input.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(),
+                  weight.data_ptr<scalar_t>(), static_cast<int>(hidden),
+                  static_cast<float>(epsilon));
   });
 }
 

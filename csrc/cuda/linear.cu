@@ -33,6 +33,7 @@
 
 #include "core/checks.h"
 #include "cuda/dispatch.h"
+#include "cuda/launch.cuh"
 #include "ops.h"
 
 namespace vllm_cuda {
@@ -51,7 +52,20 @@ struct Params {
   const void* bias;    // [N] or null
   int64_t ldo, ldi;
   int n, k;
+  int prefetch;  // launched with PDL and 16-byte aligned rows: prefetch_rows before waiting
 };
+
+// Weight rows n0 .. n0 + rows (those below N) towards L2, a whole row per thread, and then
+// chain_in: under PDL (launch.cuh) the rows stream from HBM while the kernels before this one
+// finish; the weights are never written by a kernel this one could overlap.
+template <typename T>
+__device__ __forceinline__ void prefetch_rows_then_wait(const Params& p, int n0, int rows) {
+  if (p.prefetch && static_cast<int>(threadIdx.x) < rows && n0 + static_cast<int>(threadIdx.x) < p.n) {
+    prefetch_l2(static_cast<const T*>(p.weight) + static_cast<int64_t>(n0 + threadIdx.x) * p.k,
+                static_cast<uint32_t>(p.k * sizeof(T)));
+  }
+  chain_in();
+}
 
 // 16 bytes of weights, past L1 (read once, they would only evict the input).
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
@@ -137,6 +151,7 @@ __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params 
   static_assert(V <= 32, "one value per lane after the exchange");
   const T* x = static_cast<const T*>(p.input);
   const int n0 = blockIdx.x * kRows;
+  prefetch_rows_then_wait<T>(p, n0, kRows);
   const int chunks = p.k / E;  // per row
   // the last block's rows past N read row N - 1 again and write nothing
   const T* rows[kRows];
@@ -254,6 +269,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) linear_small_mma_kernel(const 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * kMmaRows;
+  prefetch_rows_then_wait<T>(p, n0, kMmaRows);
   const T* w = static_cast<const T*>(p.weight);
   const T* w_lo = w + static_cast<int64_t>(min(n0 + g, p.n - 1)) * p.k;
   const T* w_hi = w + static_cast<int64_t>(min(n0 + g + 8, p.n - 1)) * p.k;
@@ -305,8 +321,7 @@ void launch_rows(const Params& p, int rows, bool vec, int threads, cudaStream_t 
   }
   const dim3 grid((p.n + kRows - 1) / kRows);
   auto kernel = vec ? linear_small_kernel<T, M, true> : linear_small_kernel<T, M, false>;
-  kernel<<<grid, threads, 0, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_kernel(kernel, grid, dim3(threads), 0, stream, p);
 }
 
 template <typename T>
@@ -322,7 +337,7 @@ void launch(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, 
   int threads = 32;
   while (threads < kMaxThreads && threads * per_thread < k) threads *= 2;
   Params p{nullptr, nullptr, weight.data_ptr(), bias, ldo, ldi,
-           static_cast<int>(weight.size(0)), k};
+           static_cast<int>(weight.size(0)), k, vec && pdl_enabled() ? 1 : 0};
   for (int64_t m0 = 0; m0 < m_dim; m0 += kMaxM) {
     p.out = out.data_ptr<T>() + m0 * ldo;
     p.input = input.data_ptr<T>() + m0 * ldi;
@@ -330,8 +345,8 @@ void launch(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, 
     if constexpr (sizeof(T) == 2) {
       if (vec && rows >= kMmaMinRows) {
         const dim3 grid((p.n + kMmaRows - 1) / kMmaRows);
-        linear_small_mma_kernel<T><<<grid, kMmaWarps * 32, 0, stream>>>(p, rows);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        launch_kernel(linear_small_mma_kernel<T>, grid, dim3(kMmaWarps * 32), 0, stream, p,
+                      rows);
         continue;
       }
     }

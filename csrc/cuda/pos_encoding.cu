@@ -8,6 +8,7 @@
 
 #include "core/checks.h"
 #include "cuda/dispatch.h"
+#include "cuda/launch.cuh"
 #include "cuda/rotary.cuh"
 #include "ops.h"
 
@@ -23,6 +24,7 @@ __global__ void rotary_embedding_kernel(const int64_t* __restrict__ positions, T
                                         int64_t q_stride, int64_t k_stride, int num_heads,
                                         int num_kv_heads, int head_size, int rot_dim,
                                         int64_t max_position, bool is_neox) {
+  chain_in();
   const int64_t t = blockIdx.x;
   const int64_t pos = positions[t];
   // The CPU rejects such positions on the host; checking here would need a host sync, so the
@@ -59,12 +61,12 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, at::Tensor
   const c10::cuda::OptionalCUDAGuard guard(device_of(query));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   VLLM_CUDA_DISPATCH_FLOAT_TYPES(query.scalar_type(), "rotary_embedding", [&] {
-    rotary_embedding_kernel<scalar_t><<<num_tokens, threads, 0, stream>>>(
+    launch_kernel(
+        rotary_embedding_kernel<scalar_t>, dim3(num_tokens), dim3(threads), 0, stream,
         positions.data_ptr<int64_t>(), query.data_ptr<scalar_t>(), key.data_ptr<scalar_t>(),
         cos_sin_cache.data_ptr<scalar_t>(), q_stride, k_stride, static_cast<int>(num_heads),
         static_cast<int>(num_kv_heads), static_cast<int>(head_size), static_cast<int>(rot_dim),
         cos_sin_cache.size(0), is_neox);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
 

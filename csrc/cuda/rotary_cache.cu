@@ -11,6 +11,7 @@
 
 #include "core/checks.h"
 #include "cuda/dispatch.h"
+#include "cuda/launch.cuh"
 #include "cuda/rotary.cuh"
 #include "ops.h"
 
@@ -33,6 +34,7 @@ __global__ void rotary_embedding_and_cache_kernel(
     T* __restrict__ value_cache, const int64_t* __restrict__ slot_mapping, int64_t q_stride,
     int64_t k_stride, int64_t v_stride, int num_heads, int num_kv_heads, int head_size,
     int rot_dim, int64_t max_position, int block_size, int64_t num_slots, bool is_neox) {
+  chain_in();
   const int64_t t = blockIdx.x;
   const bool is_q = static_cast<int>(blockIdx.y) < num_heads;
   const int head = is_q ? blockIdx.y : blockIdx.y - num_heads;
@@ -86,7 +88,8 @@ void rotary_embedding_and_cache(const at::Tensor& positions, at::Tensor& query, 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(num_heads + num_kv_heads));
   VLLM_CUDA_DISPATCH_FLOAT_TYPES(query.scalar_type(), "rotary_embedding_and_cache", [&] {
-    rotary_embedding_and_cache_kernel<scalar_t><<<grid, threads, 0, stream>>>(
+    launch_kernel(
+        rotary_embedding_and_cache_kernel<scalar_t>, grid, dim3(threads), 0, stream,
         positions.data_ptr<int64_t>(), query.data_ptr<scalar_t>(), key.data_ptr<scalar_t>(),
         value.data_ptr<scalar_t>(), cos_sin_cache.data_ptr<scalar_t>(),
         key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(),
@@ -94,7 +97,6 @@ void rotary_embedding_and_cache(const at::Tensor& positions, at::Tensor& query, 
         static_cast<int>(num_heads), static_cast<int>(num_kv_heads), static_cast<int>(head_size),
         static_cast<int>(rot_dim), cos_sin_cache.size(0), static_cast<int>(key_cache.size(2)),
         key_cache.size(0) * key_cache.size(2), is_neox);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
 

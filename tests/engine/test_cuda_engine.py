@@ -1,5 +1,6 @@
 """The engine with the model on CUDA: greedy tokens equal transformers' (fp32), with CUDA graphs
-on and off, and bf16 decode with graphs equal to bf16 without them."""
+on and off, bf16 decode with graphs equal to bf16 without them, and with the kernels launched
+with programmatic dependent launch (VLLM_CUDA_PDL=1) equal to plain launches."""
 import pytest
 
 from tests.engine.test_correctness import PROMPTS, greedy, token_ids
@@ -31,3 +32,17 @@ def test_cuda_graphs_match_eager_in_bf16(tiny_llama):
     graphs = token_ids(LLM(tiny_llama, enforce_eager=False, **kw).generate(PROMPTS, greedy(),
                                                                            use_tqdm=False))
     assert graphs == eager
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 8])
+def test_pdl_launches_match_plain_ones_in_bf16(tiny_llama, max_num_seqs, monkeypatch):
+    """VLLM_CUDA_PDL=1: every vllm._C kernel launched with programmatic dependent launch and
+    captured so into the CUDA graphs (one sequence at a time: the decode GEMVs are linear_small,
+    which prefetch their weights before waiting) gives the greedy tokens of plain launches."""
+    kw = dict(dtype="bfloat16", device="cuda", gpu_memory_utilization=0.3,
+              max_num_seqs=max_num_seqs, enforce_eager=False)
+    monkeypatch.setenv("VLLM_CUDA_PDL", "0")
+    plain = token_ids(LLM(tiny_llama, **kw).generate(PROMPTS, greedy(), use_tqdm=False))
+    monkeypatch.setenv("VLLM_CUDA_PDL", "1")
+    pdl = token_ids(LLM(tiny_llama, **kw).generate(PROMPTS, greedy(), use_tqdm=False))
+    assert pdl == plain
