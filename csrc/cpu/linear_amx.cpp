@@ -354,17 +354,18 @@ void packed_rows_amx(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, in
                      int64_t n_dim, int64_t k_dim) {
   const int64_t pairs = k_dim / 2, steps = k_dim / kTileK;
   const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
-  if (m_dim > kMaxRows) {  // two row groups, two panels a pass (packed_panels_amx2)
-    const int64_t groups = (panels + 1) / 2;
+  if (m_dim > kMaxRows) {  // two row groups, two panels a pass (packed_panels_amx2) or one
+    const int64_t per = panels_per_task(panels, 2, at::get_num_threads());
+    const int64_t groups = (panels + per - 1) / per;
     const int64_t grain =
-        std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * 2));
+        std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * per));
     const auto m1 = static_cast<uint8_t>(m_dim - kMaxRows);
     at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
       load_tile_config({16, 16, m1, m1, 16, m1, 16, 16});
       alignas(64) float c[4 * 256];
       for (int64_t g = begin; g < end; ++g) {
-        const int64_t pb = 2 * g;
-        const int nb = static_cast<int>(std::min<int64_t>(2, panels - pb));
+        const int64_t pb = per * g;
+        const int nb = static_cast<int>(std::min<int64_t>(per, panels - pb));
         if (nb == 2) {
           packed_panels_amx2<2>(c, x, ldx, packed, pairs, steps, pb);
         } else {

@@ -117,12 +117,13 @@ def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
-@pytest.mark.parametrize("m", [4, 8, 16])
+@pytest.mark.parametrize("m", [4, 8, 16, 24])
 @pytest.mark.parametrize("n,k", [(576, 1536), (84, 96), (2048, 576)])
 def test_linear_packed_panels_per_task(amx, threads, m, n, k, monkeypatch):
-    """A task takes the most panels (AMX 4, the packed AVX512 tiles 2) or fewer, whichever leaves
-    the busiest thread the fewest (36 panels on 16 threads: 1; on 3: the most; 6 panels on 3
-    threads: 2): the same sums at every thread count (4 rows: the AVX512 tiles either way)."""
+    """A task takes the most panels (AMX 4, or 2 at 17-32 rows; the packed AVX512 tiles 2) or
+    fewer, whichever leaves the busiest thread the fewest (36 panels on 16 threads: 1; on 3: the
+    most; 6 panels on 3 threads: 2): the same sums at every thread count (4 rows: the AVX512
+    tiles either way; 24 rows: AMX's two row groups, or the register tiles with AMX off)."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
