@@ -161,10 +161,16 @@ void check_paged_attention_args(const at::Tensor& out, const at::Tensor& query,
   VLLM_CHECK_DIM(query_start_loc, 1);
   VLLM_CHECK_SHAPE(query, out);
   VLLM_CHECK_SHAPE(key_cache, value_cache);
-  for (const at::Tensor* t : {&out, &query, &key_cache, &value_cache, &block_tables,
-                              &context_lens, &query_start_loc}) {
-    TORCH_CHECK(t->is_contiguous(), "every paged_attention tensor must be contiguous");
+  for (const at::Tensor* t : {&out, &key_cache, &value_cache, &block_tables, &context_lens,
+                              &query_start_loc}) {
+    TORCH_CHECK(t->is_contiguous(), "every paged_attention tensor but query must be contiguous");
   }
+  // query's tokens may be rows of a wider tensor (the q part of a fused qkv projection's output,
+  // read in place): its heads contiguous within a token, tokens any stride apart
+  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) &&
+                  (query.size(0) <= 1 || query.stride(0) >= query.size(1) * query.size(2)),
+              "paged_attention's query must have contiguous heads within each token (strides [T, ",
+              "head_size, 1] with T >= num_heads * head_size), got strides ", query.strides());
   const int64_t num_heads = query.size(1), num_kv_heads = key_cache.size(1);
   TORCH_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "query's num_heads (",
               num_heads, ") must be a multiple of key_cache's num_kv_heads (", num_kv_heads, ")");

@@ -34,7 +34,7 @@ struct AttentionTask {
   static constexpr int kVecs = HEAD_SIZE / kVecSize;
   static_assert(HEAD_SIZE % kVecSize == 0, "head size must be a multiple of the vector width");
 
-  const T* query;          // [num_tokens, num_heads, HEAD_SIZE]
+  const T* query;          // [num_tokens, num_heads, HEAD_SIZE], tokens q_stride elements apart
   const T* key_cache;      // [num_blocks, num_kv_heads, block_size, HEAD_SIZE]
   const T* value_cache;    // same
   const int* block_table;  // this sequence's row of block_tables
@@ -42,12 +42,18 @@ struct AttentionTask {
   int64_t num_heads, num_kv_heads, block_size;
   int block_shift;  // log2(block_size): a key's block and row by shift and mask, not division
   float scale;
+  int64_t q_stride;
 
-  // Element offset of row r = (token r / group, group member r % group) of a task's query and
+  // Element offset of row r = (token r / group, group member r % group) of a task's
   // output: head kv_head * group + r % group of token q_start + q_begin + r / group.
   int64_t row_offset(const Task& task, int64_t q_start, int64_t group, int64_t r) const {
     return ((q_start + task.q_begin + r / group) * num_heads + task.kv_head * group + r % group) *
            HEAD_SIZE;
+  }
+  // The same row's query (its tokens q_stride elements apart).
+  const T* query_at(const Task& task, int64_t q_start, int64_t group, int64_t r) const {
+    return query + (q_start + task.q_begin + r / group) * q_stride +
+           (task.kv_head * group + r % group) * HEAD_SIZE;
   }
 
   const T* cache_row(const T* cache, int64_t kv_head, int64_t pos) const {
@@ -217,7 +223,7 @@ struct AttentionTask {
     const int64_t width = k1 - k0;
     fVec q[R][kVecs];
     for (int r = 0; r < R; ++r) {
-      const T* src = query + row_offset(task, q_start, group, r);
+      const T* src = query_at(task, q_start, group, r);
       for (int v = 0; v < kVecs; ++v) q[r][v] = load_float(src + v * kVecSize) * fVec(scale);
     }
     // key j is seen by rows first_row(j).. (causal among the task's tokens); a cache row in fp32
@@ -327,7 +333,7 @@ struct AttentionTask {
     scores.resize(rows * width);
     acc.assign(rows * HEAD_SIZE, 0.f);
     for (int64_t r = 0; r < rows; ++r) {
-      const T* q = query + row_offset(task, q_start, group, r);
+      const T* q = query_at(task, q_start, group, r);
       float* dst = q_rows.data() + r * HEAD_SIZE;
       for (int v = 0; v < kVecs; ++v) {
         (load_float(q + v * kVecSize) * fVec(scale)).store(dst + v * kVecSize);
@@ -426,7 +432,7 @@ void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cach
                                      value_cache.data_ptr<T>(), nullptr, out.data_ptr<T>(),
                                      num_heads, num_kv_heads, block_size,
                                      __builtin_ctzll(static_cast<uint64_t>(block_size)),
-                                     static_cast<float>(scale)};
+                                     static_cast<float>(scale), query.stride(0)};
   const int* tables = block_tables.data_ptr<int>();
   // One thread for a small call: below ~64K multiply-adds and 32 KB of K/V together, waking
   // the pool costs more than it saves. Above, a task per thread: the K/V rows of a decode

@@ -70,7 +70,7 @@ struct Cfg {
 
 struct Params {
   void* out;                   // [num_tokens, num_heads, HS]
-  const void* query;           // [num_tokens, num_heads, HS]
+  const void* query;           // [num_tokens, num_heads, HS], tokens q_stride elements apart
   const void* key_cache;       // [num_blocks, num_kv_heads, block_size, HS]
   const void* value_cache;     // same
   const int* block_tables;     // [num_seqs, max_blocks]
@@ -86,6 +86,7 @@ struct Params {
   // [items * num_kv_heads] arrival counts, zero between launches: with them the last block of
   // each (row tile, kv head) to finish merges the partitions itself; null: the combine kernel
   int* counters;
+  int64_t q_stride;
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -240,7 +241,9 @@ __device__ __forceinline__ void attend(const Params& p, int seq, int row0) {
   for (int idx = tid; idx < rows * C::kChunks; idx += kThreads) {
     const int r = idx / C::kChunks, c = idx % C::kChunks, row = row0 + r;
     const int64_t head = row_head(p, q_start, row, kv_head);
-    const P v = reinterpret_cast<const P*>(static_cast<const T*>(p.query) + head * HS)[c];
+    const int64_t token = head / p.num_heads;
+    const P v = reinterpret_cast<const P*>(static_cast<const T*>(p.query) + token * p.q_stride +
+                                           (head - token * p.num_heads) * HS)[c];
 #pragma unroll
     for (int e = 0; e < C::kVec; ++e) q_s[r * HS + c * C::kVec + e] = static_cast<float>(v.v[e]) * p.scale_log2;
   }
@@ -729,6 +732,9 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   if (num_tokens == 0 || num_heads == 0 || num_seqs == 0 || max_context_len == 0) return;
   TORCH_CHECK(aligned16(out) && aligned16(query) && aligned16(key_cache) && aligned16(value_cache),
               "paged_attention: out, query and the caches must be 16-byte aligned");
+  const int64_t q_stride = num_tokens > 1 ? query.stride(0) : num_heads * head_size;
+  TORCH_CHECK(q_stride * query.element_size() % 16 == 0, "paged_attention on CUDA: query's ",
+              "token stride (", q_stride, " elements) must be a multiple of 16 bytes");
   TORCH_CHECK(num_tokens * num_heads <= INT32_MAX &&
                   key_cache.size(2) * block_tables.size(1) <= INT32_MAX,
               "paged_attention: sizes past the int32 range");
@@ -739,7 +745,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
            static_cast<int>(num_tokens), static_cast<int>(num_heads), num_kv_heads,
            static_cast<int>(num_heads) / num_kv_heads, static_cast<int>(key_cache.size(2)),
            static_cast<int>(block_tables.size(1)), 0, 0, static_cast<float>(scale) * kLog2e,
-           parts_by_context(), combine_mode(), nullptr};
+           parts_by_context(), combine_mode(), nullptr, q_stride};
   const c10::cuda::OptionalCUDAGuard guard(device_of(query));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   VLLM_CUDA_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {

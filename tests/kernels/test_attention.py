@@ -8,7 +8,8 @@ import torch
 from tests.utils import DEVICES, DTYPES, assert_close
 from vllm import _custom_ops as ops
 from vllm import envs
-from vllm.model_executor.attention.paged_attention import (paged_attention_native,
+from vllm.model_executor.attention.paged_attention import (paged_attention,
+                                                            paged_attention_native,
                                                             reshape_and_cache_native)
 
 
@@ -178,6 +179,34 @@ def test_paged_attention_replayed_in_a_cuda_graph(device, combine, monkeypatch):
         graph.replay()
         ref = paged_attention_native(query, kc, vc, tables, ctx, qsl, 128**-0.5)
         assert_close("paged_attention graph", out, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("q_lens", [[1, 1, 1], [5, 1, 3]])
+def test_paged_attention_reads_a_query_inside_wider_rows(device, q_lens):
+    """The query as the q part of a fused qkv projection's rows, read in place (tokens a row
+    apart, heads contiguous within one), equals the reference on the same values; the layer's
+    wrapper passes such a query without a copy."""
+    for dtype in DTYPES[device]:
+        query, *rest = make_batch([40, 300, 17], q_lens, 8, 2, 64, 16, dtype, device)
+        rows = torch.randn(query.shape[0], (8 + 2 * 2) * 64, dtype=dtype, device=device)
+        rows[:, :8 * 64] = query.reshape(query.shape[0], -1)
+        strided = rows[:, :8 * 64].view(query.shape)
+        assert not strided.is_contiguous()
+        ref = paged_attention_native(query, *rest, 0.125)
+        out = torch.full_like(query, float("nan"))
+        ops.paged_attention(out, strided, *rest, 300, 0.125)
+        assert_close("paged_attention strided query", out, ref, dtype)
+        assert_close("paged_attention() strided query",
+                     paged_attention(strided, *rest, 300, 0.125), ref, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_attention_names_a_query_whose_heads_are_apart(device):
+    query, *rest = make_batch([40, 30], [1, 1], 4, 2, 64, 16, torch.float32, device)
+    heads_apart = torch.randn(4, 2, 64, device=device).transpose(0, 1)  # [tokens, heads, d]
+    with pytest.raises(RuntimeError, match="query must have contiguous heads"):
+        ops.paged_attention(torch.empty(2, 4, 64, device=device), heads_apart, *rest, 40, 0.125)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -54,8 +54,8 @@ def decode_step(layers, state):
                                        v.view(rows, KV_HEADS, HEAD), HEAD, state["cos_sin"],
                                        True, kc, vc, state["slots"])
         attn = torch.empty(rows, HEADS, HEAD, dtype=hidden.dtype, device="cuda")
-        ops.paged_attention(attn, q.reshape(rows, HEADS, HEAD).contiguous(), kc, vc, state["tables"],
-                            state["ctx"], state["qsl"], 512, HEAD**-0.5)
+        ops.paged_attention(attn, q.view(rows, HEADS, HEAD), kc, vc, state["tables"], state["ctx"],
+                            state["qsl"], 512, HEAD**-0.5)  # q read in place, as the layer does
         out = torch.empty_like(hidden)
         ops.linear_small(out, attn.view(rows, -1), layer["o"])
         ops.fused_add_rms_norm(out, residual, layer["norm2"], EPS)

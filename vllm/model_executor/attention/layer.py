@@ -53,7 +53,7 @@ class Attention(nn.Module):
         if md.prefill_only and q.is_cuda:
             out = self._dense_prefill(q, k, v, md.query_start_loc, md.query_lens)
         else:
-            out = pa.paged_attention(q.contiguous(), key_cache, value_cache, md.block_tables,
+            out = pa.paged_attention(q, key_cache, value_cache, md.block_tables,
                                      md.context_lens, md.query_start_loc, md.max_context_len,
                                      self.scale)
         return out.view(num_tokens, self.num_heads * self.head_size)

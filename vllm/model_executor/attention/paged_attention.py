@@ -83,7 +83,15 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     if not ops.has_kernel("paged_attention", query.device.type):
         return paged_attention_native(query, key_cache, value_cache, block_tables, context_lens,
                                       query_start_loc, scale)
-    out = torch.empty_like(query)
+    # the kernels read a query whose tokens are rows of a wider tensor (the q part of the qkv
+    # projection's output) in place: heads contiguous within a token, the token stride a
+    # multiple of 16 bytes; anything else is copied first
+    t, h, d = query.shape
+    token_stride_ok = t <= 1 or (query.stride(0) >= h * d
+                                 and query.stride(0) * query.element_size() % 16 == 0)
+    if not (query.stride(2) == 1 and query.stride(1) == d and token_stride_ok):
+        query = query.contiguous()
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     ops.paged_attention(out, query, key_cache, value_cache, block_tables, context_lens,
                         query_start_loc, max_context_len, scale)
     return out
