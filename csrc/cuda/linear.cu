@@ -55,14 +55,20 @@ struct Params {
   int prefetch;  // launched with PDL and 16-byte aligned rows: prefetch_rows before waiting
 };
 
-// Weight rows n0 .. n0 + rows (those below N) towards L2, a whole row per thread, and then
-// chain_in: under PDL (launch.cuh) the rows stream from HBM while the kernels before this one
-// finish; the weights are never written by a kernel this one could overlap.
+// The start of weight rows n0 .. n0 + rows (those below N) towards L2, at most
+// kPrefetchBlockBytes a block (a thread a row), and then chain_in: under PDL (launch.cuh) the
+// rows stream from HBM while the kernels before this one finish; the weights are never written
+// by a kernel this one could overlap. The cap keeps what the resident blocks request (~5 of 256
+// threads a SM on an H200: ~21 MB) within half the 50 MB L2, so no line is evicted before use.
+constexpr int kPrefetchBlockBytes = 32 << 10;
 template <typename T>
 __device__ __forceinline__ void prefetch_rows_then_wait(const Params& p, int n0, int rows) {
-  if (p.prefetch && static_cast<int>(threadIdx.x) < rows && n0 + static_cast<int>(threadIdx.x) < p.n) {
-    prefetch_l2(static_cast<const T*>(p.weight) + static_cast<int64_t>(n0 + threadIdx.x) * p.k,
-                static_cast<uint32_t>(p.k * sizeof(T)));
+  const int r = static_cast<int>(threadIdx.x);
+  if (p.prefetch && r < rows && n0 + r < p.n) {
+    const int64_t row_bytes = static_cast<int64_t>(p.k) * sizeof(T);
+    const int64_t bytes = min(row_bytes, int64_t{kPrefetchBlockBytes / rows}) / 16 * 16;
+    prefetch_l2(static_cast<const T*>(p.weight) + static_cast<int64_t>(n0 + r) * p.k,
+                static_cast<uint32_t>(bytes));
   }
   chain_in();
 }
