@@ -33,16 +33,18 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the eighteenth session (no machine started): the cluster
-#   merge of the CUDA attention's partitions, never run yet: PYTEST_ARGS="-m cuda -k
-#   'partitions or graph or blocks_per_sm or rejects'" on tests/kernels/test_attention.py, then
-#   ATTN_VARIANTS="default VLLM_CUDA_ATTN_COMBINE=cluster VLLM_CUDA_ATTN_COMBINE=cluster,VLLM_CUDA_ATTN_BLOCKS_PER_SM=16"
-#   ... attn, PROFILE_SHAPES=llama-2-7b PROFILE_BATCHES=1x1,1x5,32x1 PROFILE_VARIANTS="default
-#   VLLM_CUDA_ATTN_COMBINE=cluster" ... profile (issue 15: predicted 7B batch 1 3.84 -> ~3.70 ms),
-#   VLLM_CUDA_ATTN_COMBINE=cluster pytest -m cuda tests/engine/test_cuda_engine.py; then the
-#   draft stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused) for issue 10's batch 8 on the host
-#   (packed panels now spread over the threads: SmolLM2's o and down at batch 8 predicted ~25%
-#   shorter); build with VLLM_CUDA_ARCHS=90 to save ~half the attention's compile. A lease's
+#   (the next lease's plan, after the nineteenth session (no machine started in either): build
+#   with VLLM_CUDA_ARCHS=90; python3 -m pytest -m cuda tests/kernels/test_pdl.py
+#   tests/kernels/test_attention.py (programmatic dependent launch, VLLM_CUDA_PDL=1, and the
+#   cluster merge of the attention's partitions, VLLM_CUDA_ATTN_COMBINE=cluster: neither run
+#   yet); PROFILE_SHAPES=llama-2-7b PROFILE_VARIANTS="default VLLM_CUDA_PDL=1
+#   VLLM_CUDA_ATTN_COMBINE=cluster VLLM_CUDA_PDL=1,VLLM_CUDA_ATTN_COMBINE=cluster" ... profile
+#   (issue 15: predicted 7B batch 1 3.84 -> ~3.5-3.6 ms with PDL, ~3.70 with the cluster);
+#   VLLM_CUDA_PDL=1 VLLM_CUDA_ATTN_COMBINE=cluster PYTEST_ARGS="-m cuda" ... test; the 13B and
+#   34B profiles with the better setting; the draft stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused)
+#   for issue 10's batch 8 on the host; ATTN_VARIANTS="default VLLM_CUDA_ATTN_COMBINE=cluster
+#   VLLM_CUDA_ATTN_COMBINE=cluster,VLLM_CUDA_ATTN_BLOCKS_PER_SM=16" ... attn. Make a setting the
+#   default only where it wins and the CUDA suite passes under it. A lease's
 #   start has taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
