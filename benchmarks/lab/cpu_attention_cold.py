@@ -7,7 +7,8 @@ rounds of 10; the floor is the K/V bytes over the copy rate measured at the end.
 
     python benchmarks/lab/cpu_attention_cold.py THREADS BATCH CONTEXT
 Environment: H, KVH, D (SmolLM2-135M's 9 / 3 / 64 by default), L (layers, 30), QL (query tokens
-per sequence, 1), REPO (the checkout whose vllm to import: an A/B of two builds, in turns)."""
+per sequence, 1), BS (block size, 16), REPO (the checkout whose vllm to import: an A/B of two
+builds, in turns)."""
 import os
 import statistics
 import sys
@@ -24,7 +25,7 @@ from vllm import _custom_ops as ops  # noqa: E402
 torch.set_num_threads(int(sys.argv[1]))
 bs, ctx = int(sys.argv[2]), int(sys.argv[3])
 H, KVH, D = (int(os.environ.get(k, d)) for k, d in (("H", 9), ("KVH", 3), ("D", 64)))
-L, QL, BS = int(os.environ.get("L", 30)), int(os.environ.get("QL", 1)), 16
+L, QL, BS = (int(os.environ.get(k, d)) for k, d in (("L", 30), ("QL", 1), ("BS", 16)))
 per = -(-ctx // BS) + 1
 caches = [(torch.randn(bs * per + 1, KVH, BS, D).bfloat16(),
            torch.randn(bs * per + 1, KVH, BS, D).bfloat16()) for _ in range(L)]
