@@ -95,14 +95,14 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                              "long one; tested on the H200, its speed not yet measured); the "
                              "cluster merge (VLLM_CUDA_ATTN_COMBINE) always sizes them per "
                              "sequence"),
-    "VLLM_CUDA_ATTN_COMBINE": (_one_of("last-block", "kernel", "cluster"), "last-block",
+    "VLLM_CUDA_ATTN_COMBINE": (_one_of("cluster", "last-block", "kernel"), "cluster",
                                "how CUDA paged attention merges its key partitions (read by the "
-                               "kernel at each call): last-block (the last block of each query "
-                               "tile to finish merges them, one launch), kernel (a second "
-                               "launch, the combine kernel) or cluster (sm_90 and later: each "
-                               "query tile's partitions, at most 8, run as one thread-block "
-                               "cluster and merge through its shared memory; elsewhere as "
-                               "last-block)"),
+                               "kernel at each call): cluster (the default; sm_90 and later: "
+                               "each query tile's partitions, at most 8, run as one "
+                               "thread-block cluster and merge through its shared memory; "
+                               "elsewhere as last-block), last-block (the last block of each "
+                               "query tile to finish merges them, one launch) or kernel (a "
+                               "second launch, the combine kernel)"),
     "VLLM_CUDA_ATTN_BLOCKS_PER_SM": (_blocks_per_sm, 4,
                                      "CUDA paged attention splits each sequence's keys into "
                                      "enough partitions for about this many blocks per SM "

@@ -147,7 +147,7 @@ def test_paged_attention_more_blocks_per_sm(device, combine, monkeypatch):
 @pytest.mark.parametrize("variable,value,message", [
     ("VLLM_CUDA_ATTN_PARTS", "auto", "VLLM_CUDA_ATTN_PARTS must be max or context, got 'auto'"),
     ("VLLM_CUDA_ATTN_COMBINE", "tree",
-     "VLLM_CUDA_ATTN_COMBINE must be last-block, kernel or cluster, got 'tree'"),
+     "VLLM_CUDA_ATTN_COMBINE must be cluster, last-block or kernel, got 'tree'"),
     ("VLLM_CUDA_ATTN_BLOCKS_PER_SM", "0",
      "VLLM_CUDA_ATTN_BLOCKS_PER_SM must be a whole number from 1 to 64, got '0'"),
 ])
