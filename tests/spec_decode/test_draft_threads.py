@@ -24,6 +24,29 @@ def test_pick_takes_the_fewest_threads_near_the_fastest():
         torch.set_num_threads(before)
 
 
+def test_pick_is_not_misled_by_a_slow_spell(monkeypatch):
+    """A host that slows down for a while: measured count by count, the spell falls on 2
+    threads alone (the truly fastest) and 4 is picked; interleaved rounds spread it out."""
+    costs = {1: 2.0, 2: 1.0, 4: 1.1}  # ms per forward by thread count, outside the spell
+    clock = {"now": 0.0, "calls": 0}
+
+    def forward():
+        slow = 6 <= clock["calls"] < 12  # the second count's first six forwards
+        clock["now"] += costs[torch.get_num_threads()] * (1.6 if slow else 1.0) / 1e3
+        clock["calls"] += 1
+
+    monkeypatch.setattr(cpu_threads.time, "perf_counter", lambda: clock["now"])
+    before = torch.get_num_threads()
+    try:
+        n, times = cpu_threads.pick_num_threads(forward, [1, 2, 4], repeats=5, rounds=1)
+        assert n == 4 and times[2] > times[4]  # one round: the spell decides
+        clock.update(now=0.0, calls=0)
+        n, times = cpu_threads.pick_num_threads(forward, [1, 2, 4], repeats=5)
+        assert n == 2 and times[2] == pytest.approx(1.0)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_candidates_are_powers_of_two_up_to_the_cores():
     counts = cpu_threads.candidate_counts()
     assert counts[0] == 1 and counts == sorted(set(counts))

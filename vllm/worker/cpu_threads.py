@@ -24,19 +24,24 @@ def candidate_counts() -> list[int]:
 
 
 def pick_num_threads(forward: Callable[[], object], counts: list[int], repeats: int = 5,
-                     tolerance: float = 0.05) -> tuple[int, dict[int, float]]:
+                     tolerance: float = 0.05, rounds: int = 3) -> tuple[int, dict[int, float]]:
     """The fewest threads whose median forward time is within `tolerance` of the fastest, and
-    the median ms per count. Leaves torch set to the chosen count."""
-    times: dict[int, float] = {}
-    for n in counts:
-        torch.set_num_threads(n)
-        forward()  # the first call at a new count wakes its threads
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            forward()
-            samples.append((time.perf_counter() - start) * 1e3)
-        times[n] = statistics.median(samples)
+    the median ms per count. The counts are timed in `rounds` interleaved rounds (forward, then
+    backward order), `repeats` forwards a count a round, so that a host's drift over the
+    measurement (a neighbour's burst, a clock change) lands on every count rather than on the
+    one measured during it: on the H100's 16-core host a count-by-count measurement picked 16
+    threads for draft-20m, which then ran 1.46x slower than at 8. Leaves torch set to the
+    chosen count."""
+    samples: dict[int, list[float]] = {n: [] for n in counts}
+    for r in range(rounds):
+        for n in (counts if r % 2 == 0 else counts[::-1]):
+            torch.set_num_threads(n)
+            forward()  # the first call at a new count wakes its threads
+            for _ in range(repeats):
+                start = time.perf_counter()
+                forward()
+                samples[n].append((time.perf_counter() - start) * 1e3)
+    times = {n: statistics.median(samples[n]) for n in counts}
     best = min(times.values())
     chosen = min(n for n, t in times.items() if t <= best * (1 + tolerance))
     torch.set_num_threads(chosen)
