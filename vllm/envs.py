@@ -82,11 +82,13 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                     "2-core AMX Xeon, SmolLM2-135M batch 8: those ops 1.3x "
                                     "faster, the forward even; meant for many-core hosts, where "
                                     "they ran on one of 16 threads"),
-    "VLLM_CUDA_GEMV": (_gemv_rows, 2,
+    "VLLM_CUDA_GEMV": (_gemv_rows, 8,
                        "CUDA linear layers and logits of few rows use vllm._C's linear_small "
-                       "GEMV instead of torch's GEMM: off, on (steps of up to 8 rows) or the "
-                       "most rows, 1 to 8 (default 2: the row counts it measured faster than "
-                       "cuBLAS on the H200; 3-8 rows run at about cuBLAS's speed)"),
+                       "GEMV instead of torch's GEMM: off, on (steps of up to 8 rows, the "
+                       "default) or the most rows, 1 to 8 (H100, a 7B step in a CUDA graph: "
+                       "1 row 4.47 ms against cuBLAS's 5.14 over the weights alone; 3 and 5 "
+                       "rows, the tensor-core kernel, 5.65 and 5.86 ms a step against 5.85 "
+                       "and 6.11 with cuBLAS, which splits K and adds reduce kernels)"),
     "VLLM_CUDA_ATTN_PARTS": (_one_of("max", "context"), "max",
                              "CUDA paged attention's key partitions (read by the kernel at each "
                              "call): max sizes them on the host for max_context_len, as a CUDA "

@@ -248,7 +248,9 @@ __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params 
 // (M = 1..8). So this kernel matches cuBLAS at 3-8 rows but does not reach the FMA kernel's
 // one-row rate. (The lab's k_tr, which reads 512 contiguous bytes of a row per warp load, as
 // the FMA kernel does, and takes the fragments from shared memory, was 1-6% faster than cuBLAS
-// there, 3.61-3.85 ms; not adopted yet.)
+// there, 3.61-3.85 ms; not adopted yet.) On the H100 (run 26, a 7B step's weights) it is 2-4%
+// faster than cuBLAS at 3 and 5 rows (5.02 / 5.08 ms against 5.15 / 5.27), and in a CUDA graph
+// the step more so (cuBLAS splits K and adds reduce kernels): the default routes 1-8 rows here.
 constexpr int kMmaRows = 16;    // weight rows per block (the mma's M dimension)
 constexpr int kMmaWarps = 16;   // split K among them, reduced in shared memory
 constexpr int kMmaMinRows = 3;  // fewer rows: the FMA kernel (measured faster at 1 and 2)

@@ -206,7 +206,7 @@ def test_switch_parses(monkeypatch):
     from vllm import envs
 
     monkeypatch.delenv("VLLM_CUDA_GEMV", raising=False)
-    assert envs.VLLM_CUDA_GEMV == 2  # the one- and two-row steps by default
+    assert envs.VLLM_CUDA_GEMV == 8  # every step of at most 8 rows by default
     for raw, rows in (("on", 8), ("true", 8), ("off", 0), ("0", 0), ("1", 1), ("4", 4)):
         monkeypatch.setenv("VLLM_CUDA_GEMV", raw)
         assert envs.VLLM_CUDA_GEMV == rows

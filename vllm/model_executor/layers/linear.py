@@ -5,7 +5,7 @@ products over ranks (the one all-reduce of an attention or MLP block). With one 
 exactly nn.Linear. Each layer's weight_loader takes a full checkpoint tensor (or one part of a
 fused layer) and copies in this rank's slice. On CUDA, a step of few rows can take vllm._C's
 linear_small (a GEMV streaming each weight byte once for all rows) instead of torch's GEMM:
-up to VLLM_CUDA_GEMV rows (default 2; on: GEMV_MAX_ROWS; off: never)."""
+up to VLLM_CUDA_GEMV rows (default on: GEMV_MAX_ROWS; a row count; off: never)."""
 import functools
 from typing import Optional, Sequence
 
