@@ -6,8 +6,9 @@ the figures in RESULTS.md are never edited by hand:
 A speculative-decoding sweep or draft-forward run gives one picture named after its JSON
 (NAME.json -> NAME.png); latency runs are grouped by the file name's machine prefix (the part
 before the first '_', e.g. h200_...) into PREFIX_latency.png; serving runs by their first two
-name parts, one picture per sweep (h200_serving3_mp_plain_c1.json -> h200_serving3.png). Other JSON (kernels, trained pairs) are
-skipped."""
+name parts, one picture per sweep (h200_serving3_mp_plain_c1.json -> h200_serving3.png);
+profile_step runs by run and shape, a bar per setting (h100_run25_profile_llama-2-7b_pdl.json ->
+h100_run25_profile_llama-2-7b.png). Other JSON (kernels, trained pairs) are skipped."""
 import argparse
 import glob
 import os
@@ -34,6 +35,8 @@ def kind_of(result: dict) -> Optional[str]:
             return "draft"
         if "k" in rows[0] and "tokens_per_s" in rows[0]:
             return "spec"
+        if "graph_ms" in rows[0] and "tokens_per_seq" in rows[0]:
+            return "profile"
     return None
 
 
@@ -56,6 +59,9 @@ def redraw(results_dir: str = RESULTS_DIR, out_dir: Optional[str] = None) -> lis
             grouped[(kind, stem.split("_")[0] + "_latency")].append(result)
         elif kind == "serving":  # one picture per sweep: machine_run
             grouped[(kind, "_".join(stem.split("_")[:2]))].append(result)
+        elif kind == "profile":  # one picture per run and shape, a bar per setting
+            name, label = plots.profile_group(path, result)
+            grouped[(kind, name)].append((label, result))
         else:
             print(f"skipped {os.path.basename(path)} (no picture for it)")
     for (kind, name), results in sorted(grouped.items()):
@@ -69,6 +75,9 @@ def redraw(results_dir: str = RESULTS_DIR, out_dir: Optional[str] = None) -> lis
                       "size")
                 continue
             written.append(plots.plot_latency(results, out))
+        elif kind == "profile":
+            written.append(plots.plot_profile([r for _, r in results],
+                                              [label for label, _ in results], out))
         else:
             written.append(plots.plot_serving(results, out))
     return written

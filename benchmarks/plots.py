@@ -8,8 +8,10 @@ optional fields are left out of the picture, so JSON from older runs still draws
                       (benchmark_draft)
     plot_latency      decode step against batch size with its floor, from several runs
                       (benchmark_latency)
+    plot_profile      the target step (CUDA graph replay) over its floor per batch x tokens,
+                      a bar per setting, from several runs of one shape (profile_step)
 
-    python benchmarks/plots.py {spec,serving,draft,latency} OUT.png RESULT.json [RESULT.json ...]
+    python benchmarks/plots.py {spec,serving,draft,latency,profile} OUT.png RESULT.json [...]
 
 Headless (the Agg backend); a picture is 900 x 550 pixels."""
 import argparse
@@ -307,6 +309,52 @@ def plot_draft_stages(ax, rows: list[dict], colors: list) -> None:
     ax.set_ylim(0, max(bottoms) * 1.9 if bottoms else 1)  # room for the legend above the bars
 
 
+def profile_group(path: str, result: dict) -> tuple[str, str]:
+    """A profile_step JSON's picture (its runs of one shape: MACHINE_RUN_profile_SHAPE) and
+    its bar's label (what its file name says past the shape: the setting, e.g. pdl; else
+    default)."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    prefix, _, rest = stem.partition("_profile_")
+    model = model_name(result.get("args", {}).get("model"))
+    label = rest.replace(model, "").strip("_").replace("_", ", ") or "default"
+    return f"{prefix}_profile_{model}", label
+
+
+def plot_profile(results: list[dict], labels: list[str], path: str) -> str:
+    """Grouped bars: per batch x tokens a bar per run (its label: the setting it ran with) of
+    the graph-replayed step over its floor, the ms written on the bar; the floor at 1."""
+    shapes = list(dict.fromkeys((r["batch"], r["tokens_per_seq"]) for res in results
+                                for r in res.get("rows", [])))
+    fig, axes = figure()
+    ax = axes[0]
+    width = 0.8 / max(1, len(results))
+    for i, (res, label) in enumerate(zip(results, labels)):
+        by_shape = {(r["batch"], r["tokens_per_seq"]): r for r in res.get("rows", [])}
+        xs, ys, ms = [], [], []
+        for j, shape in enumerate(shapes):
+            r = by_shape.get(shape)
+            if r and r.get("floor_ms"):
+                xs.append(j + (i - (len(results) - 1) / 2) * width)
+                ys.append(r["graph_ms"] / r["floor_ms"])
+                ms.append(r["graph_ms"])
+        bars = ax.bar(xs, ys, width, label=label)
+        for bar, m in zip(bars, ms):
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{m:.2f}",
+                    ha="center", va="bottom", fontsize=6, rotation=90)
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="floor")
+    ax.set_xticks(range(len(shapes)))
+    ax.set_xticklabels([f"batch {b} x {q}" for b, q in shapes])
+    ax.set_ylabel("step time / floor (ms on the bars)")
+    ax.set_ylim(0.9, max([1.2] + [r["graph_ms"] / r["floor_ms"] for res in results
+                                  for r in res.get("rows", []) if r.get("floor_ms")]) * 1.12)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="upper left")
+    model = model_name(results[0].get("args", {}).get("model")) if results else "?"
+    what = (f"{model} target step, CUDA graph replay (floor: weights + KV over the copy rate "
+            "of the same run)")
+    return save(fig, title_of(what, results), path)
+
+
 def batch_of(result: dict) -> int:
     return result.get("args", {}).get("batch_size", 1)
 
@@ -391,7 +439,8 @@ def plot_latency(results: list[dict], path: str) -> str:
 PLOTS = {"spec": lambda rs, out: plot_spec_decode(rs[0], out),
          "serving": plot_serving,
          "draft": lambda rs, out: plot_draft(rs[0], out),
-         "latency": plot_latency}
+         "latency": plot_latency,
+         "profile": None}  # main: labels from the file names (profile_group)
 
 
 def main(argv: Optional[list[str]] = None) -> str:
@@ -400,6 +449,10 @@ def main(argv: Optional[list[str]] = None) -> str:
     parser.add_argument("output", help="the PNG to write")
     parser.add_argument("results", nargs="+", help="result JSON (spec and draft: the first)")
     args = parser.parse_args(argv)
+    if args.kind == "profile":
+        results = load(args.results)
+        labels = [profile_group(p, r)[1] for p, r in zip(args.results, results)]
+        return plot_profile(results, labels, args.output)
     return PLOTS[args.kind](load(args.results), args.output)
 
 

@@ -94,6 +94,16 @@ def check_png(path: Path) -> None:
     assert (pixels < 100).all(axis=2).mean() > 0.002  # dark pixels: text and lines
 
 
+def profile_result(old: bool = False, slower: float = 1.0) -> dict:
+    rows = [{"batch": b, "tokens_per_seq": q, "graph_ms": slower * (5.0 + b / 10 + q / 5),
+             "floor_ms": 4.5 + b / 20} for b, q in ((1, 1), (1, 5), (32, 1))]
+    result = {"provenance": PROV, "copy_bandwidth_gbps": 2990.0, "rows": rows,
+              "args": {"model": "/tmp/llama-2-7b"}}
+    if old:  # a first profile: no floor on some rows
+        del rows[1]["floor_ms"]
+    return result
+
+
 def write(tmp_path: Path, name: str, result: dict) -> str:
     path = tmp_path / name
     path.write_text(json.dumps(result))
@@ -107,6 +117,7 @@ CASES = {
     "draft": lambda old: [draft_result(old)],
     "latency": lambda old: [latency_result(b, spec, hf=not old) for spec in (False, True)
                             for b in (1, 8, 32)],
+    "profile": lambda old: [profile_result(old), profile_result(old, slower=1.05)],
 }
 
 
@@ -135,12 +146,14 @@ def test_plot_results_redraws_each_picture(tmp_path):
         write(src, f"h200_latency_{i}.json", r)
     for i, r in enumerate(CASES["serving"](False)):
         write(src, f"h200_serving_{i}.json", r)
+    write(src, "h100_run25_profile_llama-2-7b_default.json", profile_result())
+    write(src, "h100_run25_profile_llama-2-7b_pdl_combine-cluster.json", profile_result())
     write(src, "cpu2_latency_one.json", latency_result(1))  # one batch size: nothing to draw
     write(src, "h200_kernels.json", {"provenance": PROV, "runs": []})
     written = plot_results.main(["--results-dir", str(src), "--out-dir", str(tmp_path / "png")])
     assert sorted(Path(p).name for p in written) == [
-        "cpu2_spec_old.png", "h200_draft_20m.png", "h200_latency.png", "h200_serving.png",
-        "h200_spec_pair.png"]
+        "cpu2_spec_old.png", "h100_run25_profile_llama-2-7b.png", "h200_draft_20m.png",
+        "h200_latency.png", "h200_serving.png", "h200_spec_pair.png"]
     for p in written:
         check_png(Path(p))
 
@@ -151,6 +164,17 @@ def test_committed_results_are_classified():
     assert kinds["h200_spec_pair7b.json"] == kinds["cpu2_spec_qwen_chat.json"] == "spec"
     assert kinds["h200_latency_7b_spec_b8.json"] == "latency"
     assert kinds["h200_kernels_bf16.json"] is None
+    assert kinds["h100_run25_profile_llama-2-7b_pdl.json"] == "profile"
+    assert kinds["h200_run13_profile_prefill_per_prompt.json"] is None  # no graph replay rows
+
+
+def test_profile_runs_group_by_run_and_shape():
+    result = profile_result()
+    assert plots.profile_group("r/h100_run25_profile_llama-2-7b_pdl_combine-cluster.json",
+                               result) == ("h100_run25_profile_llama-2-7b", "pdl, combine-cluster")
+    assert plots.profile_group("h200_profile_run5_llama-2-7b.json", result) == (
+        "h200_profile_llama-2-7b", "run5")
+    assert plots.profile_group("h200_run23_profile_llama-2-7b.json", result)[1] == "default"
 
 
 def test_labels_tell_configurations_apart():
