@@ -33,18 +33,13 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the nineteenth session (no machine started in either): build
-#   with VLLM_CUDA_ARCHS=90; python3 -m pytest -m cuda tests/kernels/test_pdl.py
-#   tests/kernels/test_attention.py (programmatic dependent launch, VLLM_CUDA_PDL=1, and the
-#   cluster merge of the attention's partitions, VLLM_CUDA_ATTN_COMBINE=cluster: neither run
-#   yet); PROFILE_SHAPES=llama-2-7b PROFILE_VARIANTS="default VLLM_CUDA_PDL=1
-#   VLLM_CUDA_ATTN_COMBINE=cluster VLLM_CUDA_PDL=1,VLLM_CUDA_ATTN_COMBINE=cluster" ... profile
-#   (issue 15: predicted 7B batch 1 3.84 -> ~3.5-3.6 ms with PDL, ~3.70 with the cluster);
-#   VLLM_CUDA_PDL=1 VLLM_CUDA_ATTN_COMBINE=cluster PYTEST_ARGS="-m cuda" ... test; the 13B and
-#   34B profiles with the better setting; the draft stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused)
-#   for issue 10's batch 8 on the host; ATTN_VARIANTS="default VLLM_CUDA_ATTN_COMBINE=cluster
-#   VLLM_CUDA_ATTN_COMBINE=cluster,VLLM_CUDA_ATTN_BLOCKS_PER_SM=16" ... attn. Make a setting the
-#   default only where it wins and the CUDA suite passes under it. A lease's
+#   (the next lease's plan, after the nineteenth session (runs 25-26 on an H100; no H200 came):
+#   on an H200, the whole CUDA suite at HEAD (the cluster merge and VLLM_CUDA_GEMV=8 are now the
+#   defaults, measured on the H100 only), then PROFILE_SHAPES="llama-2-7b llama-2-13b
+#   codellama-34b" PROFILE_VARIANTS="default VLLM_CUDA_GEMV=2 VLLM_CUDA_ATTN_COMBINE=last-block"
+#   ... profile (issue 15's table on the H200; the 34B shape does not fit an H100), and the draft
+#   stage (DRAFT_THREADS=4,8,16 DRAFT_PATHS=fused) for issue 10's batch 8 / batch 1 on its host.
+#   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's
 #   start has taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
