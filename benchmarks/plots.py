@@ -439,13 +439,13 @@ def plot_latency(results: list[dict], path: str) -> str:
 PLOTS = {"spec": lambda rs, out: plot_spec_decode(rs[0], out),
          "serving": plot_serving,
          "draft": lambda rs, out: plot_draft(rs[0], out),
-         "latency": plot_latency,
-         "profile": None}  # main: labels from the file names (profile_group)
+         "latency": plot_latency}
 
 
 def main(argv: Optional[list[str]] = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("kind", choices=sorted(PLOTS))
+    parser.add_argument("kind", choices=sorted([*PLOTS, "profile"]))  # profile: labels from
+    # the file names (profile_group)
     parser.add_argument("output", help="the PNG to write")
     parser.add_argument("results", nargs="+", help="result JSON (spec and draft: the first)")
     args = parser.parse_args(argv)

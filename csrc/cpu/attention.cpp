@@ -44,16 +44,21 @@ struct AttentionTask {
   float scale;
   int64_t q_stride;
 
-  // Element offset of row r = (token r / group, group member r % group) of a task's
-  // output: head kv_head * group + r % group of token q_start + q_begin + r / group.
-  int64_t row_offset(const Task& task, int64_t q_start, int64_t group, int64_t r) const {
-    return ((q_start + task.q_begin + r / group) * num_heads + task.kv_head * group + r % group) *
-           HEAD_SIZE;
+  // Row r of a task (token r / group, group member r % group) is head kv_head * group + r %
+  // group of token q_start + q_begin + r / group: row_offset is its element offset in the
+  // output, query_at its query (tokens q_stride elements apart).
+  int64_t row_token(const Task& task, int64_t q_start, int64_t group, int64_t r) const {
+    return q_start + task.q_begin + r / group;
   }
-  // The same row's query (its tokens q_stride elements apart).
+  int64_t row_head(const Task& task, int64_t group, int64_t r) const {
+    return task.kv_head * group + r % group;
+  }
+  int64_t row_offset(const Task& task, int64_t q_start, int64_t group, int64_t r) const {
+    return (row_token(task, q_start, group, r) * num_heads + row_head(task, group, r)) * HEAD_SIZE;
+  }
   const T* query_at(const Task& task, int64_t q_start, int64_t group, int64_t r) const {
-    return query + (q_start + task.q_begin + r / group) * q_stride +
-           (task.kv_head * group + r % group) * HEAD_SIZE;
+    return query + row_token(task, q_start, group, r) * q_stride +
+           row_head(task, group, r) * HEAD_SIZE;
   }
 
   const T* cache_row(const T* cache, int64_t kv_head, int64_t pos) const {

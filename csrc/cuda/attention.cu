@@ -98,11 +98,16 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// The (token, head) index of row `row` of a tile of kv head kv_head (row = i * group + g: token
-// q_start + i, head kv_head * group + g): where the row's query is read and its output written.
+// Row `row` of a tile of kv head kv_head (row = i * group + g) is token q_start + i, head
+// kv_head * group + g: row_token_head gives the two (where the row's query is read, tokens
+// q_stride apart), row_head the (token, head) index (where its output is written).
+__device__ __forceinline__ int2 row_token_head(const Params& p, int q_start, int row,
+                                               int kv_head) {
+  return make_int2(q_start + row / p.group, kv_head * p.group + row % p.group);
+}
 __device__ __forceinline__ int64_t row_head(const Params& p, int q_start, int row, int kv_head) {
-  return static_cast<int64_t>(q_start + row / p.group) * p.num_heads + kv_head * p.group +
-         row % p.group;
+  const int2 th = row_token_head(p, q_start, row, kv_head);
+  return static_cast<int64_t>(th.x) * p.num_heads + th.y;
 }
 
 // out[0 .. 3] = v, cast to T in one 4-element store.
@@ -240,10 +245,9 @@ __device__ __forceinline__ void attend(const Params& p, int seq, int row0) {
   // Queries in fp32, pre-scaled into log2 units; running stats; visible keys per row.
   for (int idx = tid; idx < rows * C::kChunks; idx += kThreads) {
     const int r = idx / C::kChunks, c = idx % C::kChunks, row = row0 + r;
-    const int64_t head = row_head(p, q_start, row, kv_head);
-    const int64_t token = head / p.num_heads;
-    const P v = reinterpret_cast<const P*>(static_cast<const T*>(p.query) + token * p.q_stride +
-                                           (head - token * p.num_heads) * HS)[c];
+    const int2 th = row_token_head(p, q_start, row, kv_head);
+    const P v = reinterpret_cast<const P*>(static_cast<const T*>(p.query) + th.x * p.q_stride +
+                                           static_cast<int64_t>(th.y) * HS)[c];
 #pragma unroll
     for (int e = 0; e < C::kVec; ++e) q_s[r * HS + c * C::kVec + e] = static_cast<float>(v.v[e]) * p.scale_log2;
   }
@@ -665,13 +669,8 @@ void launch(Params p, const at::Tensor& query, int64_t max_context_len, cudaStre
     attr[0].val.clusterDim.x = 1;
     attr[0].val.clusterDim.y = static_cast<unsigned>(p.num_parts);
     attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = C::kBytes;
-    config.stream = stream;
-    config.attrs = attr;
-    config.numAttrs = 1;
+    const cudaLaunchConfig_t config =
+        launch_config(grid, dim3(kThreads), C::kBytes, stream, attr, 1);
     if (cluster_fits(reinterpret_cast<const void*>(kernel), config, device)) {
       launch_kernel_ex(kernel, grid, dim3(kThreads), C::kBytes, stream, attr, 1, p);
       return;

@@ -61,6 +61,19 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 // VLLM_CUDA_PDL (read at every launch): 1 on sm_90+ devices, else off.
 bool pdl_enabled();
 
+// A cudaLaunchKernelEx configuration of n attributes (attrs must outlive it).
+inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                        cudaLaunchAttribute* attrs, int n) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = static_cast<unsigned>(n);
+  return config;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization where
 // pdl_enabled(); extra: further launch attributes (a cluster dimension), n_extra of them (<= 3).
 template <typename... Params, typename... Args>
@@ -80,13 +93,7 @@ void launch_kernel_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = attrs;
-  config.numAttrs = static_cast<unsigned>(n);
+  const cudaLaunchConfig_t config = launch_config(grid, block, smem, stream, attrs, n);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
