@@ -1,6 +1,7 @@
 // Variants of a tensor-core GEMV for 1-8 rows (bf16), to find which streams the weights at the HBM
 // rate (gemv_lab.py times them; the winner's shape went into csrc/cuda/linear.cu).
 #include <torch/extension.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cstdint>
 
@@ -146,6 +147,9 @@ __global__ void __launch_bounds__(256) k_smem(const P p) {
 }
 
 
+template <int ROWS, int PITCH>
+__device__ __forceinline__ int warp_base() { return (threadIdx.x / 32) * ROWS * PITCH; }
+
 // Transposed through shared memory: block = ROWS weight rows (ROWS / 8 mma groups of n8, the
 // weights the B operand, up to 8 input rows the A operand's rows 0-7, rows 8-15 zero), W warps
 // split K in segments of 256. Per segment a warp reads ROWS x 512 contiguous bytes (lane l:
@@ -210,6 +214,151 @@ __global__ void __launch_bounds__(W * 32) k_tr(const P p) {
   }
 }
 
+// As k_tr, but the weights are the A operand (16 rows an mma, G = ROWS / 16 groups) and the input
+// rows B's 8 columns: every 16-byte input load serves 16 weight rows instead of 8, and no half of
+// an operand is zero. Per segment of 256 k a warp reads ROWS x 512 contiguous bytes (lane l: chunk
+// l of each row), stores them to its own shared rows, and lane (g, t) takes rows 16 j + g and
+// 16 j + g + 8, chunk 4 q + t (elements 0-3 one mma's k slots, 4-7 a second's, as in B's input
+// chunk). The next segment's loads are issued before this one's mma. Lab: K % 256 == 0.
+template <int ROWS, int W>
+__global__ void __launch_bounds__(W * 32) k_tra(const P p) {
+  constexpr int G = ROWS / 16, kPitch = 36;
+  extern __shared__ uint4 dyn[];
+  uint4* s = dyn + warp_base<ROWS, kPitch>();
+  float* part = reinterpret_cast<float*>(dyn + W * ROWS * kPitch);  // [W][ROWS][8]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * ROWS;
+  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w);
+  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.in) + min(g, p.m - 1) * p.ldi;
+  const int segs = p.k / 256;
+  const __nv_bfloat16* rows[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) rows[r] = w + (int64_t)min(n0 + r, p.n - 1) * p.k + lane * 8;
+  float d[G][4] = {};
+  uint4 v[ROWS];
+  int seg = warp;
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) v[r] = lds16(rows[r] + min(seg, segs - 1) * 256);
+  for (; seg < segs; seg += W) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) s[r * kPitch + lane] = v[r];
+    __syncwarp();
+    const int nxt = min(seg + W, segs - 1);
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) v[r] = lds16(rows[r] + nxt * 256);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const int c = 4 * q + t;
+      uint4 xv = make_uint4(0, 0, 0, 0);
+      if (g < p.m) xv = __ldg(reinterpret_cast<const uint4*>(x + seg * 256 + c * 8));
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        const uint4 lo = s[(16 * j + g) * kPitch + c], hi = s[(16 * j + g + 8) * kPitch + c];
+        mma(d[j], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+        mma(d[j], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
+      }
+    }
+    __syncwarp();
+  }
+  // d[j]: (weight row 16 j + g, input rows 2t, 2t + 1) and (row 16 j + g + 8, the same)
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    float* pw = part + (warp * ROWS + 16 * j) * 8;
+    pw[g * 8 + 2 * t] = d[j][0];
+    pw[g * 8 + 2 * t + 1] = d[j][1];
+    pw[(g + 8) * 8 + 2 * t] = d[j][2];
+    pw[(g + 8) * 8 + 2 * t + 1] = d[j][3];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 8 * ROWS; i += W * 32) {
+    const int row = i / ROWS, r = i % ROWS, n = n0 + r;
+    if (row < p.m && n < p.n) {
+      float acc = 0.f;
+      for (int j = 0; j < W; ++j) acc += part[(j * ROWS + r) * 8 + row];
+      static_cast<__nv_bfloat16*>(p.out)[row * p.ldo + n] = __float2bfloat16(acc);
+    }
+  }
+}
+
+// The FMA kernel's reading order with tensor cores: a block of 16 rows, W warps each taking U
+// segments of 256 k at a time; every thread issues all its U x 16 loads before any mma, as
+// linear_small's FMA kernel does, so a block's rows are read whole at once; the fragments go
+// through the warp's shared rows (one segment at a time) as in k_tra.
+template <int W, int U>
+__global__ void __launch_bounds__(W * 32) k_wave(const P p) {
+  constexpr int ROWS = 16, kPitch = 36;
+  extern __shared__ uint4 dyn[];
+  uint4* s = dyn + warp_base<ROWS, kPitch>();
+  float* part = reinterpret_cast<float*>(dyn + W * ROWS * kPitch);  // [W][16][8]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * ROWS;
+  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w);
+  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.in) + min(g, p.m - 1) * p.ldi;
+  const int segs = p.k / 256;
+  float d[4] = {};
+  for (int s0 = warp; s0 < segs; s0 += W * U) {
+    uint4 v[U][ROWS];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int seg = min(s0 + u * W, segs - 1);
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+        v[u][r] = lds16(w + (int64_t)min(n0 + r, p.n - 1) * p.k + seg * 256 + lane * 8);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int seg = s0 + u * W;
+      if (seg >= segs) break;
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) s[r * kPitch + lane] = v[u][r];
+      __syncwarp();
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int c = 4 * q + t;
+        uint4 xv = make_uint4(0, 0, 0, 0);
+        if (g < p.m) xv = __ldg(reinterpret_cast<const uint4*>(x + seg * 256 + c * 8));
+        const uint4 lo = s[g * kPitch + c], hi = s[(g + 8) * kPitch + c];
+        mma(d, lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+        mma(d, lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
+      }
+      __syncwarp();
+    }
+  }
+  part[(warp * ROWS + g) * 8 + 2 * t] = d[0];
+  part[(warp * ROWS + g) * 8 + 2 * t + 1] = d[1];
+  part[(warp * ROWS + g + 8) * 8 + 2 * t] = d[2];
+  part[(warp * ROWS + g + 8) * 8 + 2 * t + 1] = d[3];
+  __syncthreads();
+  for (int i = threadIdx.x; i < 8 * ROWS; i += W * 32) {
+    const int row = i / ROWS, r = i % ROWS, n = n0 + r;
+    if (row < p.m && n < p.n) {
+      float acc = 0.f;
+      for (int j = 0; j < W; ++j) acc += part[(j * ROWS + r) * 8 + row];
+      static_cast<__nv_bfloat16*>(p.out)[row * p.ldo + n] = __float2bfloat16(acc);
+    }
+  }
+}
+
+template <typename K>
+void launch_dyn(K kernel, int blocks, int threads, size_t smem, cudaStream_t st, const P& p) {
+  static bool set = false;  // per instantiation
+  if (!set) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+    set = true;
+  }
+  kernel<<<blocks, threads, smem, st>>>(p);
+}
+template <int ROWS, int W>
+void tra(int n, cudaStream_t st, const P& p) {
+  launch_dyn(k_tra<ROWS, W>, (n + ROWS - 1) / ROWS, W * 32,
+             (W * ROWS * 36) * 16 + W * ROWS * 8 * 4, st, p);
+}
+template <int W, int U>
+void wave(int n, cudaStream_t st, const P& p) {
+  launch_dyn(k_wave<W, U>, (n + 15) / 16, W * 32, (W * 16 * 36) * 16 + W * 16 * 8 * 4, st, p);
+}
+
 }  // namespace
 
 void run(torch::Tensor out, torch::Tensor in, torch::Tensor w, int64_t variant) {
@@ -241,6 +390,13 @@ void run(torch::Tensor out, torch::Tensor in, torch::Tensor w, int64_t variant) 
     case 20: k_tr<8, 8><<<(n + 7) / 8, 256, 0, st>>>(p); break;
     case 22: k_tr<8, 4><<<(n + 7) / 8, 128, 0, st>>>(p); break;
     case 23: k_tr<16, 4><<<(n + 15) / 16, 128, 0, st>>>(p); break;
+    case 24: tra<16, 4>(n, st, p); break;
+    case 25: tra<32, 4>(n, st, p); break;
+    case 26: tra<32, 2>(n, st, p); break;
+    case 27: tra<16, 8>(n, st, p); break;
+    case 28: wave<8, 1>(n, st, p); break;
+    case 29: wave<8, 2>(n, st, p); break;
+    case 30: wave<4, 2>(n, st, p); break;
     default: TORCH_CHECK(false, "variant");
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -2,7 +2,9 @@
 (gemv_lab.cu, compiled here with torch's cpp_extension) timed over a Llama-2-7B step's weights
 (32 layers of qkv, o, gate_up, down; 13 GB of bf16) against cuBLAS, with the copy floor measured
 in the same run. Variant numbers are gemv_lab.cu's `run` switch: k_reg<warps, steps in flight,
-accumulators, split K> (0-5, 8-19), k_smem<stages> (6, 7, 14), k_tr<rows, warps> (20, 22, 23).
+accumulators, split K> (0-5, 8-19), k_smem<stages> (6, 7, 14), k_tr<rows, warps> (20, 22, 23),
+k_tra<rows, warps> (24-27: the weights as the A operand), k_wave<warps, segments> (28-30). Where
+vllm._C is built, the product's linear_small (column "ours") runs in the same call.
 On a CUDA machine: python benchmarks/lab/gemv_lab.py [comma list of variants]"""
 import os, statistics, sys
 import torch
@@ -10,6 +12,10 @@ from torch.utils.cpp_extension import load
 
 lab = load("gemv_lab", [os.path.join(os.path.dirname(__file__), "gemv_lab.cu")],
            extra_cuda_cflags=["-O3", "-arch=sm_90", "--expt-relaxed-constexpr"], verbose=False)
+try:
+    from vllm import _custom_ops as ops
+except ImportError:  # the lab alone, without the engine's extension
+    ops = None
 torch.manual_seed(0)
 dev = "cuda"
 shapes = [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)]
@@ -39,6 +45,12 @@ for m in (1, 2, 3, 4, 5, 8):
             for w, o in zip(l, outs):
                 torch.mm(xs[w.shape[1]], w.t(), out=o)
     line = [f"M={m}: cuBLAS {timed(cublas):.3f}"]
+    if ops is not None:
+        def ours():
+            for l in ws:
+                for w, o in zip(l, outs):
+                    ops.linear_small(o, xs[w.shape[1]], w, None)
+        line.append(f"ours {timed(ours):.3f}")
     for v in variants:
         def f():
             for l in ws:
