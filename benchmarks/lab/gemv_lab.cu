@@ -341,12 +341,9 @@ __global__ void __launch_bounds__(W * 32) k_wave(const P p) {
 
 template <typename K>
 void launch_dyn(K kernel, int blocks, int threads, size_t smem, cudaStream_t st, const P& p) {
-  static bool set = false;  // per instantiation
-  if (!set) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
-    set = true;
-  }
+  // every call (a static flag would be shared by all kernels of one pointer type)
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
   kernel<<<blocks, threads, smem, st>>>(p);
 }
 template <int ROWS, int W>
