@@ -17,8 +17,10 @@
 //    GEMMs (13.2 GB) 3.28 ms against 3.79 at M = 1, 3.36 against 3.77 at M = 2. But it spends
 //    8 M FMAs per 16 weight bytes, and at M >= 3 the arithmetic no longer keeps up (M = 4:
 //    4.01 ms, M = 8: 5.66, cuBLAS 3.8).
-//  - The tensor-core kernel (3-8 rows of bf16/fp16, 16-byte aligned) makes that arithmetic
-//    free, but streams at cuBLAS's rate, not the FMA kernel's: see linear_small_mma_kernel.
+//  - The tensor-core kernels (3-8 rows of bf16/fp16, 16-byte aligned) make that arithmetic
+//    free: the wave kernel (K a multiple of 256) reads its rows as the FMA kernel does and
+//    streams within 3-5% of its one-row rate; the k-step kernel (any K of whole chunks) at
+//    cuBLAS's rate: see linear_small_wave_kernel and linear_small_mma_kernel.
 // A weight or input that is not 16-byte aligned, K not a multiple of the chunk, or an input row
 // stride that is not takes the FMA kernel with one-element loads (correct, not fast).
 #include <c10/cuda/CUDAException.h>
@@ -27,6 +29,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -319,6 +322,105 @@ __global__ void __launch_bounds__(kMmaWarps * 32) linear_small_mma_kernel(const 
   }
 }
 
+// The wave kernel: the k-step kernel's mma, the FMA kernel's reading order. A block owns 16
+// weight rows and its kWaveWarps warps split K in segments of 256 (512 contiguous bytes of a
+// row: lane l reads chunk l of each of the 16 rows in one instruction, as the FMA kernel reads),
+// warp w taking segments w, w + kWaveWarps, ...; all 16 loads are issued before any is used.
+// The segment goes through the warp's own shared rows (pitch 36 chunks: the fragment reads below
+// hit 8 distinct bank groups) to where lane (g, t) takes rows g and g + 8, chunk 4 q + t: as in
+// the k-step kernel, elements 0-3 fill one mma's k slots and 4-7 a second's, in A and B alike.
+// The segment's 8 input chunks are loaded before its mma, which rotate over 4 accumulators (a
+// chain of dependent mma is a tail of its own once the loads have landed). Measured in
+// benchmarks/lab/gemv_lab.cu (k_wave2<8, 1>) over a 7B step's weights on the H100: 4.69-4.86 ms
+// at 1-8 rows against the k-step kernel's 5.08-5.17, cuBLAS's 5.23-5.38 and the FMA kernel's
+// 4.56 at one row; variants with more segments in flight, 4 or 16 warps, 32 rows a block or
+// the weights as the B operand were slower (RESULTS.md, twentieth session).
+constexpr int kWaveWarps = 8;
+constexpr int kWaveSeg = 256;   // k per segment: 32 lanes x 8 elements
+constexpr int kWavePitch = 36;  // 16-byte chunks per shared row (32 used)
+constexpr size_t kWaveSmem =
+    kWaveWarps * kMmaRows * kWavePitch * 16 + kWaveWarps * kMmaRows * 8 * sizeof(float);
+
+template <typename T>
+__global__ void __launch_bounds__(kWaveWarps * 32, 2) linear_small_wave_kernel(const Params p,
+                                                                                int m) {
+  extern __shared__ uint4 smem[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  uint4* rows_sm = smem + warp * kMmaRows * kWavePitch;
+  float* partial = reinterpret_cast<float*>(smem + kWaveWarps * kMmaRows * kWavePitch);
+  const int n0 = blockIdx.x * kMmaRows;
+  prefetch_rows_then_wait<T>(p, n0, kMmaRows);
+  const T* w = static_cast<const T*>(p.weight) + lane * 8;
+  const T* x = static_cast<const T*>(p.input) + min(g, m - 1) * p.ldi + t * 8;
+  const int segs = p.k / kWaveSeg;
+  float d[4][4] = {};
+  for (int seg = warp; seg < segs; seg += kWaveWarps) {
+    uint4 v[kMmaRows];
+#pragma unroll
+    for (int r = 0; r < kMmaRows; ++r) {
+      const int64_t row = min(n0 + r, p.n - 1);
+      v[r] = load_stream16(w + row * p.k + seg * kWaveSeg);
+    }
+    uint4 xv[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      xv[q] = make_uint4(0, 0, 0, 0);
+      if (g < m) xv[q] = __ldg(reinterpret_cast<const uint4*>(x + seg * kWaveSeg + q * 32));
+    }
+#pragma unroll
+    for (int r = 0; r < kMmaRows; ++r) rows_sm[r * kWavePitch + lane] = v[r];
+    __syncwarp();
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const int c = 4 * q + t;
+      const uint4 lo = rows_sm[g * kWavePitch + c], hi = rows_sm[(g + 8) * kWavePitch + c];
+      mma_16816<T>(d[(2 * q) % 4], lo.x, hi.x, lo.y, hi.y, xv[q].x, xv[q].y);
+      mma_16816<T>(d[(2 * q + 1) % 4], lo.z, hi.z, lo.w, hi.w, xv[q].z, xv[q].w);
+    }
+    __syncwarp();
+  }
+#pragma unroll
+  for (int a = 1; a < 4; ++a) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[0][i] += d[a][i];
+  }
+  // d[0]: (row g, input rows 2t, 2t + 1) and (row g + 8, the same); then the sum over warps
+  float* pw = partial + warp * kMmaRows * 8;
+  pw[g * 8 + 2 * t] = d[0][0];
+  pw[g * 8 + 2 * t + 1] = d[0][1];
+  pw[(g + 8) * 8 + 2 * t] = d[0][2];
+  pw[(g + 8) * 8 + 2 * t + 1] = d[0][3];
+  __syncthreads();
+  const int i = threadIdx.x, r = i % kMmaRows, row = i / kMmaRows, n = n0 + r;
+  if (row < m && n < p.n) {
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kWaveWarps; ++j) sum += partial[(j * kMmaRows + r) * 8 + row];
+    if (p.bias != nullptr) {
+      float b;
+      const uint32_t bits = load_bits(static_cast<const T*>(p.bias) + n);
+      widen<T, false>(&bits, &b);
+      sum += b;
+    }
+    static_cast<T*>(p.out)[row * p.ldo + n] = static_cast<T>(sum);
+  }
+}
+
+// The wave kernel's shared memory is past the default 48 KB: allowed once per device and type.
+template <typename T>
+void allow_wave_smem() {
+  static std::atomic<uint64_t> done{0};  // a bit per device (0-63)
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(linear_small_wave_kernel<T>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kWaveSmem)));
+  done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // Launches the FMA kernel for M = rows (1..M).
@@ -353,8 +455,14 @@ void launch(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, 
     if constexpr (sizeof(T) == 2) {
       if (vec && rows >= kMmaMinRows) {
         const dim3 grid((p.n + kMmaRows - 1) / kMmaRows);
-        launch_kernel(linear_small_mma_kernel<T>, grid, dim3(kMmaWarps * 32), 0, stream, p,
-                      rows);
+        if (k % kWaveSeg == 0) {
+          allow_wave_smem<T>();
+          launch_kernel(linear_small_wave_kernel<T>, grid, dim3(kWaveWarps * 32), kWaveSmem,
+                        stream, p, rows);
+        } else {
+          launch_kernel(linear_small_mma_kernel<T>, grid, dim3(kMmaWarps * 32), 0, stream, p,
+                        rows);
+        }
         continue;
       }
     }

@@ -42,11 +42,14 @@ def run_op(x, w, b=None):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 19])
-# k: whole 16-byte chunks for every dtype (256, 576, 4096, 11008; 328 and 8: a last k-step of
-# the tensor-core path that is 1 chunk of 4), chunks of fp32 only (100, 4100), neither (17, 1);
-# n: blocks of 4 or 16 rows split unevenly (13, 257, 1, 7, 50, 20), 7B's o_proj
+# k: whole 16-byte chunks for every dtype (256, 576, 4096, 11008, 1280; 328 and 8: a last k-step
+# of the k-step tensor-core kernel that is 1 chunk of 4), chunks of fp32 only (100, 4100),
+# neither (17, 1); multiples of 256 (the wave kernel at 3-8 rows of bf16/fp16: 1, 5, 16 and 43
+# segments over its 8 warps) or not (576, 328, 8: the k-step kernel); n: blocks of 4 or 16 rows
+# split unevenly (13, 257, 1, 7, 50, 20, 37), 7B's o_proj
 @pytest.mark.parametrize("n,k", [(768, 256), (13, 100), (1, 17), (257, 576), (7, 1),
-                                 (4096, 4096), (96, 11008), (33, 4100), (50, 328), (20, 8)])
+                                 (4096, 4096), (96, 11008), (33, 4100), (50, 328), (20, 8),
+                                 (37, 1280)])
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @on_cuda
 def test_linear_small_cuda(dtype, m, n, k, bias):
@@ -138,21 +141,23 @@ def test_registered_on_cuda():
     assert "linear_small" not in ops.CPU_OP_NAMES
 
 
+@pytest.mark.parametrize("rows,k", [(4, 128), (5, 512)], ids=["k-step", "wave"])
 @on_cuda
-def test_captured_in_a_cuda_graph(monkeypatch):
-    """The layers' GEMV under capture: its out comes from the graph's pool, and a replay with new
-    input values gives the new products."""
+def test_captured_in_a_cuda_graph(rows, k, monkeypatch):
+    """The layers' GEMV under capture (both tensor-core kernels: K of 128, K a multiple of 256):
+    its out comes from the graph's pool, and a replay with new input values gives the new
+    products."""
     monkeypatch.setenv("VLLM_CUDA_GEMV", "on")
-    w = (torch.randn(300, 128, device="cuda") / 12).bfloat16()
+    w = (torch.randn(300, k, device="cuda") / k**0.5).bfloat16()
     b = torch.randn(300, device="cuda").bfloat16()
-    x = torch.randn(4, 128, device="cuda").bfloat16()
+    x = torch.randn(rows, k, device="cuda").bfloat16()
     with torch.inference_mode():
         linear_layers.linear(x, w, b)  # warm-up outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = linear_layers.linear(x, w, b)
-        x.copy_(torch.randn(4, 128, device="cuda").bfloat16())
+        x.copy_(torch.randn(rows, k, device="cuda").bfloat16())
         graph.replay()
         torch.cuda.synchronize()
     assert_close("linear_small graph", out, reference(x, w, b), torch.bfloat16)
