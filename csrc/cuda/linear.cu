@@ -19,8 +19,9 @@
 //    4.01 ms, M = 8: 5.66, cuBLAS 3.8).
 //  - The tensor-core kernels (3-8 rows of bf16/fp16, 16-byte aligned) make that arithmetic
 //    free: the wave kernel (K a multiple of 256) reads its rows as the FMA kernel does and
-//    streams within 3-5% of its one-row rate; the k-step kernel (any K of whole chunks) at
-//    cuBLAS's rate: see linear_small_wave_kernel and linear_small_mma_kernel.
+//    takes 5-6% longer at 3-5 rows than the FMA kernel at one (H100); the k-step kernel (any K
+//    of whole chunks) streams at cuBLAS's rate: see linear_small_wave_kernel and
+//    linear_small_mma_kernel.
 // A weight or input that is not 16-byte aligned, K not a multiple of the chunk, or an input row
 // stride that is not takes the FMA kernel with one-element loads (correct, not fast).
 #include <c10/cuda/CUDAException.h>
@@ -251,9 +252,10 @@ __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params 
 // (M = 1..8). So this kernel matches cuBLAS at 3-8 rows but does not reach the FMA kernel's
 // one-row rate. (The lab's k_tr, which reads 512 contiguous bytes of a row per warp load, as
 // the FMA kernel does, and takes the fragments from shared memory, was 1-6% faster than cuBLAS
-// there, 3.61-3.85 ms; not adopted yet.) On the H100 (run 26, a 7B step's weights) it is 2-4%
-// faster than cuBLAS at 3 and 5 rows (5.02 / 5.08 ms against 5.15 / 5.27), and in a CUDA graph
-// the step more so (cuBLAS splits K and adds reduce kernels): the default routes 1-8 rows here.
+// there, 3.61-3.85 ms: the start of the wave kernel below.) On the H100 (run 26, a 7B step's
+// weights) it is 2-4% faster than cuBLAS at 3 and 5 rows (5.02 / 5.08 ms against 5.15 / 5.27),
+// and in a CUDA graph the step more so (cuBLAS splits K and adds reduce kernels). It now takes
+// the 3-8-row launches whose K is not a multiple of 256; the wave kernel the others.
 constexpr int kMmaRows = 16;    // weight rows per block (the mma's M dimension)
 constexpr int kMmaWarps = 16;   // split K among them, reduced in shared memory
 constexpr int kMmaMinRows = 3;  // fewer rows: the FMA kernel (measured faster at 1 and 2)
@@ -334,7 +336,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) linear_small_mma_kernel(const 
 // benchmarks/lab/gemv_lab.cu (k_wave2<8, 1>) over a 7B step's weights on the H100: 4.69-4.86 ms
 // at 1-8 rows against the k-step kernel's 5.08-5.17, cuBLAS's 5.23-5.38 and the FMA kernel's
 // 4.56 at one row; variants with more segments in flight, 4 or 16 warps, 32 rows a block or
-// the weights as the B operand were slower (RESULTS.md, twentieth session).
+// the weights as the B operand were slower (RESULTS.md, twentieth session). In the 7B step
+// (run 28): the 5-token verification's GEMMs 4.95 -> 4.63 ms. Not yet measured on an H200.
 constexpr int kWaveWarps = 8;
 constexpr int kWaveSeg = 256;   // k per segment: 32 lanes x 8 elements
 constexpr int kWavePitch = 36;  // 16-byte chunks per shared row (32 used)
