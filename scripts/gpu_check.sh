@@ -33,14 +33,15 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the nineteenth session (runs 25-26 on an H100; no H200 came):
-#   on an H200, the whole CUDA suite at HEAD (the cluster merge and VLLM_CUDA_GEMV=8 are now the
-#   defaults, measured on the H100 only), then PROFILE_SHAPES="llama-2-7b llama-2-13b
-#   codellama-34b" PROFILE_VARIANTS="default VLLM_CUDA_GEMV=2 VLLM_CUDA_ATTN_COMBINE=last-block"
-#   ... profile (issue 15's table on the H200; the 34B shape does not fit an H100), and the draft
-#   stage (DRAFT_THREADS=4,8,16 DRAFT_PATHS=fused) for issue 10's batch 8 / batch 1 on its host.
-#   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's
-#   start has taken 1-6
+#   (the next lease's plan, after the twentieth session (runs 27-28 on an H100; no H200 came
+#   in three tries): on an H200, the whole CUDA suite at HEAD (the wave kernel for 3-8 rows, the
+#   cluster merge and VLLM_CUDA_GEMV=8 are defaults measured on the H100 only), then
+#   PYTHONPATH=. python3 benchmarks/lab/gemv_lab.py 23,32 (the wave kernel's lab form against
+#   ours and cuBLAS on that card), PROFILE_SHAPES="llama-2-7b llama-2-13b codellama-34b"
+#   PROFILE_VARIANTS="default VLLM_CUDA_GEMV=2" ... profile (issue 15's table on the H200; 34B
+#   does not fit an H100), and the draft stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused).
+#   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
+#   taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
 #   (the pair's controller rows print their decode steps' costs per k and by quarter of the run;
 #   a pair stage is ~4 min with its training, ~1 min more per extra round)
