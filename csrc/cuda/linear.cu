@@ -410,18 +410,28 @@ __global__ void __launch_bounds__(kWaveWarps * 32, 2) linear_small_wave_kernel(c
   }
 }
 
-// The wave kernel's shared memory is past the default 48 KB: allowed once per device and type.
+// The wave kernel's shared memory is past the default 48 KB: allowed once per device and type;
+// false (the k-step kernel then) on a device whose blocks cannot have that much.
 template <typename T>
-void allow_wave_smem() {
-  static std::atomic<uint64_t> done{0};  // a bit per device (0-63)
+bool allow_wave_smem() {
+  static std::atomic<uint64_t> checked{0}, allowed{0};  // a bit per device (0-63)
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device % 64);
-  if (done.load(std::memory_order_acquire) & bit) return;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(linear_small_wave_kernel<T>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(kWaveSmem)));
-  done.fetch_or(bit, std::memory_order_acq_rel);
+  if (checked.load(std::memory_order_acquire) & bit) {
+    return allowed.load(std::memory_order_acquire) & bit;
+  }
+  int optin = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const bool ok = static_cast<size_t>(optin) >= kWaveSmem;
+  if (ok) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(linear_small_wave_kernel<T>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kWaveSmem)));
+    allowed.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  checked.fetch_or(bit, std::memory_order_acq_rel);
+  return ok;
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -458,8 +468,7 @@ void launch(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, 
     if constexpr (sizeof(T) == 2) {
       if (vec && rows >= kMmaMinRows) {
         const dim3 grid((p.n + kMmaRows - 1) / kMmaRows);
-        if (k % kWaveSeg == 0) {
-          allow_wave_smem<T>();
+        if (k % kWaveSeg == 0 && allow_wave_smem<T>()) {
           launch_kernel(linear_small_wave_kernel<T>, grid, dim3(kWaveWarps * 32), kWaveSmem,
                         stream, p, rows);
         } else {
