@@ -132,6 +132,18 @@ __device__ __forceinline__ void load_chunk(const T* p, uint32_t* words) {
   }
 }
 
+// out[row, n] = sum (+ bias[n]), the bias added in fp32 and the result cast to T once.
+template <typename T>
+__device__ __forceinline__ void store_out(const Params& p, int row, int n, float sum) {
+  if (p.bias != nullptr) {
+    float b;
+    const uint32_t bits = load_bits(static_cast<const T*>(p.bias) + n);
+    widen<T, false>(&bits, &b);
+    sum += b;
+  }
+  static_cast<T*>(p.out)[row * p.ldo + n] = static_cast<T>(sum);
+}
+
 // One step of the halving exchange: of its WIDTH values a lane keeps the lower half (partner
 // bit OFFSET clear) or the upper half, and adds the partner's copy of that half, which the
 // partner sends in exchange for the other. After the steps of WIDTH = P, P/2, .., 2 (OFFSET = 16,
@@ -228,13 +240,7 @@ __global__ void __launch_bounds__(kMaxThreads) linear_small_kernel(const Params 
     if (n < p.n) {
       float sum = 0.f;
       for (int i = 0; i < stride / 32; ++i) sum += partial[i][t];
-      if (p.bias != nullptr) {
-        float b;
-        const uint32_t bits = load_bits(static_cast<const T*>(p.bias) + n);
-        widen<T, false>(&bits, &b);
-        sum += b;
-      }
-      static_cast<T*>(p.out)[(t / kRows) * p.ldo + n] = static_cast<T>(sum);
+      store_out<T>(p, t / kRows, n, sum);
     }
   }
 }
@@ -276,6 +282,31 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
   }
 }
 
+// The tensor-core kernels' epilogue. A warp's accumulator fragment d (rows g and g + 8 of the
+// block's 16, input rows 2t and 2t + 1) into its slice of partial [warps][16][8]...
+__device__ __forceinline__ void put_fragment(float* partial, int warp, int g, int t,
+                                             const float (&d)[4]) {
+  float* pw = partial + warp * kMmaRows * 8;
+  pw[g * 8 + 2 * t] = d[0];
+  pw[g * 8 + 2 * t + 1] = d[1];
+  pw[(g + 8) * 8 + 2 * t] = d[2];
+  pw[(g + 8) * 8 + 2 * t + 1] = d[3];
+}
+
+// ...and, after a __syncthreads, the sum over the WARPS slices of each (row, input row) stored
+// by one thread of the block (16 x 8 of them).
+template <typename T, int WARPS>
+__device__ __forceinline__ void store_warp_sums(const Params& p, const float* partial, int n0,
+                                                int m) {
+  const int i = threadIdx.x, r = i % kMmaRows, row = i / kMmaRows, n = n0 + r;
+  if (row < m && n < p.n) {
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < WARPS; ++j) sum += partial[(j * kMmaRows + r) * 8 + row];
+    store_out<T>(p, row, n, sum);
+  }
+}
+
 // grid: ceil(N / 16) blocks; block b owns rows 16 b .. 16 b + 16; m (1..8) input rows.
 template <typename T>
 __global__ void __launch_bounds__(kMmaWarps * 32) linear_small_mma_kernel(const Params p, int m) {
@@ -303,25 +334,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) linear_small_mma_kernel(const 
 #pragma unroll
   for (int i = 0; i < 4; ++i) d[i] += e[i];
   // d: (row g, input rows 2t, 2t + 1) and (row g + 8, the same); then the sum over warps
-  __shared__ float partial[kMmaWarps][kMmaRows][8];
-  partial[warp][g][2 * t] = d[0];
-  partial[warp][g][2 * t + 1] = d[1];
-  partial[warp][g + 8][2 * t] = d[2];
-  partial[warp][g + 8][2 * t + 1] = d[3];
+  __shared__ float partial[kMmaWarps * kMmaRows * 8];
+  put_fragment(partial, warp, g, t, d);
   __syncthreads();
-  const int i = threadIdx.x, r = i % kMmaRows, row = i / kMmaRows, n = n0 + r;
-  if (row < m && n < p.n) {
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMmaWarps; ++j) sum += partial[j][r][row];
-    if (p.bias != nullptr) {
-      float b;
-      const uint32_t bits = load_bits(static_cast<const T*>(p.bias) + n);
-      widen<T, false>(&bits, &b);
-      sum += b;
-    }
-    static_cast<T*>(p.out)[row * p.ldo + n] = static_cast<T>(sum);
-  }
+  store_warp_sums<T, kMmaWarps>(p, partial, n0, m);
 }
 
 // The wave kernel: the k-step kernel's mma, the FMA kernel's reading order. A block owns 16
@@ -388,26 +404,9 @@ __global__ void __launch_bounds__(kWaveWarps * 32, 2) linear_small_wave_kernel(c
 #pragma unroll
     for (int i = 0; i < 4; ++i) d[0][i] += d[a][i];
   }
-  // d[0]: (row g, input rows 2t, 2t + 1) and (row g + 8, the same); then the sum over warps
-  float* pw = partial + warp * kMmaRows * 8;
-  pw[g * 8 + 2 * t] = d[0][0];
-  pw[g * 8 + 2 * t + 1] = d[0][1];
-  pw[(g + 8) * 8 + 2 * t] = d[0][2];
-  pw[(g + 8) * 8 + 2 * t + 1] = d[0][3];
+  put_fragment(partial, warp, g, t, d[0]);
   __syncthreads();
-  const int i = threadIdx.x, r = i % kMmaRows, row = i / kMmaRows, n = n0 + r;
-  if (row < m && n < p.n) {
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < kWaveWarps; ++j) sum += partial[(j * kMmaRows + r) * 8 + row];
-    if (p.bias != nullptr) {
-      float b;
-      const uint32_t bits = load_bits(static_cast<const T*>(p.bias) + n);
-      widen<T, false>(&bits, &b);
-      sum += b;
-    }
-    static_cast<T*>(p.out)[row * p.ldo + n] = static_cast<T>(sum);
-  }
+  store_warp_sums<T, kWaveWarps>(p, partial, n0, m);
 }
 
 // The wave kernel's shared memory is past the default 48 KB: allowed once per device and type;
