@@ -39,7 +39,9 @@
 #   PYTHONPATH=. python3 benchmarks/lab/gemv_lab.py 23,32 (the wave kernel's lab form against
 #   ours and cuBLAS on that card), PROFILE_SHAPES="llama-2-7b llama-2-13b codellama-34b"
 #   PROFILE_VARIANTS="default VLLM_CUDA_GEMV=2" ... profile (issue 15's table on the H200; 34B
-#   does not fit an H100), and the draft stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused).
+#   does not fit an H100), and the draft stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused) twice,
+#   the second with VLLM_CPU_DECODE_SPLIT_ELEMS=0 DRAFT_TAG=_nosplit (the small ops on one
+#   thread: how much of batch 8's ~10 us a norm is the region's fork and join).
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
 #   taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
