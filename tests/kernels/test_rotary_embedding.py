@@ -60,8 +60,8 @@ def angles_of(rope: RotaryEmbedding, base: float, max_positions: int) -> torch.T
 
 def test_cos_sin_cache_is_the_nearest_fp32_of_each_angle():
     """Every cached cosine and sine is within 2^-24 (half an fp32 ulp at 1.0) of Python's
-    math.cos / math.sin of its fp32 angle (torch's own fp32 cos was seen 1.5e-4 off for half a cache in a process
-    that had changed its thread count)."""
+    math.cos / math.sin of its fp32 angle (torch's own fp32 cos was seen 1.5e-4 off for half a
+    cache in a process that had changed its thread count)."""
     base, positions = 10000.0, 4096
     rope = RotaryEmbedding(128, 128, positions, base, True, torch.float32)
     angles = angles_of(rope, base, positions)
