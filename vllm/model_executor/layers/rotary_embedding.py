@@ -14,9 +14,10 @@ from vllm.model_executor.custom_op import CustomOp
 def cos_sin_of(angles: torch.Tensor) -> torch.Tensor:
     """[..., d] fp32 angles -> [..., 2d] fp32: their cosines, then their sines, each the fp32
     nearest the float64 value (numpy's, on the calling thread). Not torch's fp32 cos: on the
-    CPU it splits a few thousand elements over the thread pool, and in a test process that had
-    changed its thread count one half of a cache came back up to 1.5e-4 off (the sines exact),
-    which moved a decode test's hidden states 50x past their usual error."""
+    CPU it splits a few thousand elements over the thread pool, and the first cos call of a
+    process (seen in 3 of 25 test processes that had first run a test changing the thread
+    count) returned one thread's half up to 1.5e-4 off, later calls exact; as the rotary cache
+    that moved a decode test's hidden states 50x past their usual error."""
     a = angles.detach().cpu().numpy().astype(np.float64)
     both = np.concatenate((np.cos(a), np.sin(a)), axis=-1).astype(np.float32)
     return torch.from_numpy(both).to(angles.device)
