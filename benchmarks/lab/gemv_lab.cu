@@ -283,10 +283,13 @@ __global__ void __launch_bounds__(W * 32) k_tra(const P p) {
 // The FMA kernel's reading order with tensor cores: a block of 16 rows, W warps each taking U
 // segments of 256 k at a time; every thread issues all its U x 16 loads before any mma, as
 // linear_small's FMA kernel does, so a block's rows are read whole at once; the fragments go
-// through the warp's shared rows (one segment at a time) as in k_tra.
-template <int W, int U>
-__global__ void __launch_bounds__(W * 32) k_wave(const P p) {
-  constexpr int ROWS = 16, kPitch = 36;
+// through the warp's shared rows (one segment at a time) as in k_tra. EAGER (k_wave2): the
+// compute phase shortened, a segment's 8 input chunks loaded before its mma and the mma rotating
+// over 4 accumulators (a chain of 16-32 dependent mma a block, ~30 cycles each, is a tail of its
+// own once the loads have landed), with registers capped for 512 threads a SM.
+template <int W, int U, bool EAGER>
+__global__ void __launch_bounds__(W * 32, EAGER ? 512 / (W * 32) : 1) k_wave(const P p) {
+  constexpr int ROWS = 16, kPitch = 36, NACC = EAGER ? 4 : 1;
   extern __shared__ uint4 dyn[];
   uint4* s = dyn + warp_base<ROWS, kPitch>();
   float* part = reinterpret_cast<float*>(dyn + W * ROWS * kPitch);  // [W][16][8]
@@ -295,7 +298,7 @@ __global__ void __launch_bounds__(W * 32) k_wave(const P p) {
   const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w);
   const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.in) + min(g, p.m - 1) * p.ldi;
   const int segs = p.k / 256;
-  float d[4] = {};
+  float d[NACC][4] = {};
   for (int s0 = warp; s0 < segs; s0 += W * U) {
     uint4 v[U][ROWS];
 #pragma unroll
@@ -309,69 +312,15 @@ __global__ void __launch_bounds__(W * 32) k_wave(const P p) {
     for (int u = 0; u < U; ++u) {
       const int seg = s0 + u * W;
       if (seg >= segs) break;
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) s[r * kPitch + lane] = v[u][r];
-      __syncwarp();
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        const int c = 4 * q + t;
+      auto x_chunk = [&](int q) {
         uint4 xv = make_uint4(0, 0, 0, 0);
-        if (g < p.m) xv = __ldg(reinterpret_cast<const uint4*>(x + seg * 256 + c * 8));
-        const uint4 lo = s[g * kPitch + c], hi = s[(g + 8) * kPitch + c];
-        mma(d, lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
-        mma(d, lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
-      }
-      __syncwarp();
-    }
-  }
-  part[(warp * ROWS + g) * 8 + 2 * t] = d[0];
-  part[(warp * ROWS + g) * 8 + 2 * t + 1] = d[1];
-  part[(warp * ROWS + g + 8) * 8 + 2 * t] = d[2];
-  part[(warp * ROWS + g + 8) * 8 + 2 * t + 1] = d[3];
-  __syncthreads();
-  for (int i = threadIdx.x; i < 8 * ROWS; i += W * 32) {
-    const int row = i / ROWS, r = i % ROWS, n = n0 + r;
-    if (row < p.m && n < p.n) {
-      float acc = 0.f;
-      for (int j = 0; j < W; ++j) acc += part[(j * ROWS + r) * 8 + row];
-      static_cast<__nv_bfloat16*>(p.out)[row * p.ldo + n] = __float2bfloat16(acc);
-    }
-  }
-}
-
-// k_wave with the compute phase shortened: a segment's 8 input chunks are loaded before its
-// mma, and the mma rotate over 4 accumulators (a chain of 16-32 dependent mma a block, ~30
-// cycles each, is a tail of its own once the loads have landed).
-template <int W, int U>
-__global__ void __launch_bounds__(W * 32, 512 / (W * 32)) k_wave2(const P p) {
-  constexpr int ROWS = 16, kPitch = 36;
-  extern __shared__ uint4 dyn[];
-  uint4* s = dyn + warp_base<ROWS, kPitch>();
-  float* part = reinterpret_cast<float*>(dyn + W * ROWS * kPitch);  // [W][16][8]
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-  const int n0 = blockIdx.x * ROWS;
-  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w);
-  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.in) + min(g, p.m - 1) * p.ldi;
-  const int segs = p.k / 256;
-  float d[4][4] = {};
-  for (int s0 = warp; s0 < segs; s0 += W * U) {
-    uint4 v[U][ROWS];
+        if (g < p.m) xv = __ldg(reinterpret_cast<const uint4*>(x + seg * 256 + (4 * q + t) * 8));
+        return xv;
+      };
+      uint4 xs[EAGER ? 8 : 1];
+      if constexpr (EAGER) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int seg = min(s0 + u * W, segs - 1);
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r)
-        v[u][r] = lds16(w + (int64_t)min(n0 + r, p.n - 1) * p.k + seg * 256 + lane * 8);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int seg = s0 + u * W;
-      if (seg >= segs) break;
-      uint4 xv[8];
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        xv[q] = make_uint4(0, 0, 0, 0);
-        if (g < p.m) xv[q] = __ldg(reinterpret_cast<const uint4*>(x + seg * 256 + (4 * q + t) * 8));
+        for (int q = 0; q < 8; ++q) xs[q] = x_chunk(q);
       }
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) s[r * kPitch + lane] = v[u][r];
@@ -379,15 +328,16 @@ __global__ void __launch_bounds__(W * 32, 512 / (W * 32)) k_wave2(const P p) {
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
         const int c = 4 * q + t;
+        const uint4 xv = EAGER ? xs[EAGER ? q : 0] : x_chunk(q);
         const uint4 lo = s[g * kPitch + c], hi = s[(g + 8) * kPitch + c];
-        mma(d[(2 * q) % 4], lo.x, hi.x, lo.y, hi.y, xv[q].x, xv[q].y);
-        mma(d[(2 * q + 1) % 4], lo.z, hi.z, lo.w, hi.w, xv[q].z, xv[q].w);
+        mma(d[(2 * q) % NACC], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+        mma(d[(2 * q + 1) % NACC], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
       }
       __syncwarp();
     }
   }
 #pragma unroll
-  for (int a = 1; a < 4; ++a)
+  for (int a = 1; a < NACC; ++a)
 #pragma unroll
     for (int i = 0; i < 4; ++i) d[0][i] += d[a][i];
   part[(warp * ROWS + g) * 8 + 2 * t] = d[0][0];
@@ -417,13 +367,10 @@ void tra(int n, cudaStream_t st, const P& p) {
   launch_dyn(k_tra<ROWS, W>, (n + ROWS - 1) / ROWS, W * 32,
              (W * ROWS * 36) * 16 + W * ROWS * 8 * 4, st, p);
 }
-template <int W, int U>
-void wave2(int n, cudaStream_t st, const P& p) {
-  launch_dyn(k_wave2<W, U>, (n + 15) / 16, W * 32, (W * 16 * 36) * 16 + W * 16 * 8 * 4, st, p);
-}
-template <int W, int U>
+template <int W, int U, bool EAGER = false>
 void wave(int n, cudaStream_t st, const P& p) {
-  launch_dyn(k_wave<W, U>, (n + 15) / 16, W * 32, (W * 16 * 36) * 16 + W * 16 * 8 * 4, st, p);
+  launch_dyn(k_wave<W, U, EAGER>, (n + 15) / 16, W * 32, (W * 16 * 36) * 16 + W * 16 * 8 * 4,
+             st, p);
 }
 
 }  // namespace
@@ -464,10 +411,10 @@ void run(torch::Tensor out, torch::Tensor in, torch::Tensor w, int64_t variant) 
     case 28: wave<8, 1>(n, st, p); break;
     case 29: wave<8, 2>(n, st, p); break;
     case 30: wave<4, 2>(n, st, p); break;
-    case 31: wave2<8, 2>(n, st, p); break;
-    case 32: wave2<8, 1>(n, st, p); break;
-    case 33: wave2<4, 2>(n, st, p); break;
-    case 34: wave2<16, 1>(n, st, p); break;
+    case 31: wave<8, 2, true>(n, st, p); break;
+    case 32: wave<8, 1, true>(n, st, p); break;
+    case 33: wave<4, 2, true>(n, st, p); break;
+    case 34: wave<16, 1, true>(n, st, p); break;
     default: TORCH_CHECK(false, "variant");
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();

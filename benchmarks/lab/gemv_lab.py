@@ -3,8 +3,8 @@
 (32 layers of qkv, o, gate_up, down; 13 GB of bf16) against cuBLAS, with the copy floor measured
 in the same run. Variant numbers are gemv_lab.cu's `run` switch: k_reg<warps, steps in flight,
 accumulators, split K> (0-5, 8-19), k_smem<stages> (6, 7, 14), k_tr<rows, warps> (20, 22, 23),
-k_tra<rows, warps> (24-27: the weights as the A operand), k_wave<warps, segments> (28-30),
-k_wave2<warps, segments> (31-34: the input loaded before the mma, 4 accumulators). Where
+k_tra<rows, warps> (24-27: the weights as the A operand), k_wave<warps, segments, eager>
+(28-30; eager, the input loaded before the mma and 4 accumulators, RESULTS' k_wave2: 31-34). Where
 vllm._C is built, the product's linear_small (column "ours") runs in the same call.
 On a CUDA machine: python benchmarks/lab/gemv_lab.py [comma list of variants]"""
 import os, statistics, sys

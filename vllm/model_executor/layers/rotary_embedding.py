@@ -19,7 +19,10 @@ def cos_sin_of(angles: torch.Tensor) -> torch.Tensor:
     count) returned one thread's half up to 1.5e-4 off, later calls exact; as the rotary cache
     that moved a decode test's hidden states 50x past their usual error."""
     a = angles.detach().cpu().numpy().astype(np.float64)
-    both = np.concatenate((np.cos(a), np.sin(a)), axis=-1).astype(np.float32)
+    d = a.shape[-1]
+    both = np.empty(a.shape[:-1] + (2 * d,), dtype=np.float32)  # each half rounded on the way in
+    both[..., :d] = np.cos(a)
+    both[..., d:] = np.sin(a)
     return torch.from_numpy(both).to(angles.device)
 
 
