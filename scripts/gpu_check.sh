@@ -283,7 +283,8 @@ if want profile; then
     "$PY" -m benchmarks.model_shapes $shape /tmp/$shape > /dev/null 2>&1
     # PROFILE_VARIANTS: space-separated runs, each "default" or comma-joined VAR=value settings,
     # e.g. "VLLM_CUDA_ATTN_COMBINE=kernel,VLLM_FUSED_ROTARY_CACHE=0 default" (VLLM_CUDA_GEMV,
-    # VLLM_CUDA_ATTN_PARTS, VLLM_CUDA_ATTN_COMBINE, VLLM_FUSED_ROTARY_CACHE: vllm/envs.py)
+    # VLLM_CUDA_ATTN_PARTS, VLLM_CUDA_ATTN_COMBINE, VLLM_FUSED_ROTARY_CACHE, VLLM_CUDA_CARVEOUT,
+    # VLLM_CUDA_PDL: vllm/envs.py)
     for variant in ${PROFILE_VARIANTS:-default}; do
       tag="${shape}_$(echo "$variant" | tr ',=' '_-')"
       echo "-- $shape, $variant"
