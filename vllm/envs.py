@@ -32,13 +32,6 @@ def _blocks_per_sm(raw: str) -> int:
     return int(raw)
 
 
-def _carveout(raw: str) -> str:
-    value = raw.strip()
-    if value not in ("default", "max") and not (value.isdigit() and int(value) <= 100):
-        raise ValueError("expected default, max or a percentage from 0 to 100")
-    return value
-
-
 def _positive_seconds(raw: str) -> float:
     value = float(raw)
     if not 0 < value <= 60:
@@ -123,12 +116,6 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                       "rows into L2 before waiting, so the weights stream while the small "
                       "kernels between a decode step's GEMVs run (H100: no gain, a 7B "
                       "batch-1 step 5.107 -> 5.199 ms; hence off)"),
-    "VLLM_CUDA_CARVEOUT": (_carveout, "default",
-                           "the share of each SM's L1/shared memory, in percent, that every "
-                           "vllm._C CUDA kernel prefers as shared memory (read at every "
-                           "launch): default (the driver picks per kernel), max, or 0-100. "
-                           "Where consecutive kernels want different splits an SM drains "
-                           "before it changes split"),
     "VLLM_FUSED_ROTARY_CACHE": (_flag, True,
                                 "the attention layers rotate queries and keys and write the "
                                 "paged cache in one vllm._C call (one CUDA launch instead of "

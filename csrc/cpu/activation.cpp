@@ -1,5 +1,6 @@
 // silu_and_mul on the CPU: out = silu(gate) * up in one pass over [num_tokens, 2 * d].
 #include "core/checks.h"
+#include "cpu/team.h"
 #include "cpu/vec.h"
 #include "ops.h"
 
@@ -13,7 +14,7 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
     scalar_t* o = out.data_ptr<scalar_t>();
     const scalar_t* x = input.data_ptr<scalar_t>();
     const fVec one(1.f);
-    at::parallel_for(0, num_tokens, grain_for(2 * d), [&](int64_t begin, int64_t end) {
+    parallel_for(0, num_tokens, grain_for(2 * d), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const scalar_t* gate = x + t * 2 * d;
         const scalar_t* up = gate + d;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/checks.h"
+#include "cpu/team.h"
 #include "cpu/vec.h"
 #include "ops.h"
 
@@ -481,7 +482,7 @@ void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cach
     if (parts[p].k_end > 0) parts[p].partial = partials.data() + (k++) * group * (HEAD_SIZE + 2);
   }
   const int64_t grain = small ? std::max<int64_t>(1, static_cast<int64_t>(parts.size())) : 1;
-  at::parallel_for(0, parts.size(), grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, parts.size(), grain, [&](int64_t begin, int64_t end) {
     std::vector<float> q_rows, scores, acc;
     auto local = kernel;
     for (int64_t i = begin; i < end; ++i) {

@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "core/checks.h"
+#include "cpu/team.h"
 #include "ops.h"
 
 namespace vllm_cpu {
@@ -22,7 +23,7 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
   auto* v_src = static_cast<const char*>(value.data_ptr());
   auto* k_dst = static_cast<char*>(key_cache.data_ptr());
   auto* v_dst = static_cast<char*>(value_cache.data_ptr());
-  at::parallel_for(0, num_tokens, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(num_kv_heads * row_bytes, 1)), [&](int64_t begin, int64_t end) {
+  parallel_for(0, num_tokens, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(num_kv_heads * row_bytes, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t slot = slots[t];
       if (slot < 0) continue;  // padding token
@@ -51,7 +52,7 @@ void copy_blocks(const std::vector<at::Tensor>& key_caches,
     TORCH_CHECK(mapping[p] >= 0 && mapping[p] < num_blocks, "block_mapping holds block ",
                 mapping[p], ", outside the cache's ", num_blocks, " blocks");
   }
-  at::parallel_for(0, num_layers * num_pairs, std::max<int64_t>(1, (1 << 17) / std::max<int64_t>(block_bytes, 1)), [&](int64_t begin, int64_t end) {
+  parallel_for(0, num_layers * num_pairs, std::max<int64_t>(1, (1 << 17) / std::max<int64_t>(block_bytes, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t layer = i / num_pairs, pair = i % num_pairs;
       const int64_t src = mapping[2 * pair] * block_bytes, dst = mapping[2 * pair + 1] * block_bytes;

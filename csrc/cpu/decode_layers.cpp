@@ -7,8 +7,10 @@
 // the packed tiles on the weights' packed copies where those are given and pay.
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 
 #include "cpu/linear.h"
+#include "cpu/team.h"
 #include "cpu/vec.h"
 #include "ops.h"
 
@@ -88,19 +90,23 @@ class SmallOpSplit {
   int64_t saved_;
 };
 
-}  // namespace
+// VLLM_CPU_DECODE_TEAM (read at every call; default on): the step in one parallel region,
+// its loops handed to the region's spinning threads (team.h); 0: a region per loop.
+bool team_enabled() {
+  const char* v = std::getenv("VLLM_CPU_DECODE_TEAM");
+  if (v == nullptr || std::strcmp(v, "1") == 0) return true;
+  TORCH_CHECK(std::strcmp(v, "0") == 0, "VLLM_CPU_DECODE_TEAM must be 0 or 1, got '", v, "'");
+  return false;
+}
 
-void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
-                   const std::vector<at::Tensor>& weights, const at::Tensor& final_norm,
-                   const at::Tensor& cos_sin_cache, const std::vector<at::Tensor>& key_caches,
-                   const std::vector<at::Tensor>& value_caches, const at::Tensor& slot_mapping,
-                   const at::Tensor& block_tables, const at::Tensor& context_lens,
-                   const at::Tensor& query_start_loc, int64_t max_context_len, int64_t num_heads,
-                   int64_t num_kv_heads, int64_t head_size, double epsilon, double scale,
-                   bool is_neox, const std::vector<at::Tensor>& packed,
-                   const std::optional<at::Tensor>& stage_ms) {
-  StageClock clock(stage_ms);
-  SmallOpSplit split;
+void decode_step(at::Tensor& hidden, const at::Tensor& positions,
+                 const std::vector<at::Tensor>& weights, const at::Tensor& final_norm,
+                 const at::Tensor& cos_sin_cache, const std::vector<at::Tensor>& key_caches,
+                 const std::vector<at::Tensor>& value_caches, const at::Tensor& slot_mapping,
+                 const at::Tensor& block_tables, const at::Tensor& context_lens,
+                 const at::Tensor& query_start_loc, int64_t max_context_len, int64_t num_heads,
+                 int64_t num_kv_heads, int64_t head_size, double epsilon, double scale,
+                 bool is_neox, const std::vector<at::Tensor>& packed, StageClock& clock) {
   const int64_t num_layers = static_cast<int64_t>(key_caches.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kTensorsPerLayer * num_layers &&
                   value_caches.size() == key_caches.size(),
@@ -116,6 +122,8 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
   at::Tensor residual = hidden.clone();
   at::Tensor x = hidden;  // the current layer input, normalised in place
   at::Tensor attn = at::empty({m, num_heads, head_size}, opts);
+  // the layers' scratch rows, made at the first layer (and again where a layer's sizes differ)
+  at::Tensor qkv = at::empty({m, 0}, opts), gate_up = at::empty({m, 0}, opts), act;
   for (int64_t l = 0; l < num_layers; ++l) {
     const at::Tensor* w = weights.data() + l * kTensorsPerLayer;
     const at::Tensor& qkv_w = w[1];
@@ -134,7 +142,7 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
       fused_add_rms_norm(x, residual, w[0], epsilon);
     }
     clock.mark(kStageNorms);
-    at::Tensor qkv = at::empty({m, qkv_w.size(0)}, opts);
+    if (qkv.size(1) != qkv_w.size(0)) qkv = at::empty({m, qkv_w.size(0)}, opts);
     linear_rows(qkv, x, qkv_w, qkv_b, packed_of(packed, l, 0, qkv_w));
     clock.mark(kStageQkv);
     at::Tensor q = qkv.narrow(1, 0, q_size);
@@ -145,7 +153,7 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
     at::Tensor v3 = v.view({m, num_kv_heads, head_size});
     at::Tensor kc = key_caches[l], vc = value_caches[l];
     reshape_and_cache(k3, v3, kc, vc, slot_mapping);
-    at::Tensor q3 = q.contiguous().view({m, num_heads, head_size});
+    at::Tensor q3 = q.view({m, num_heads, head_size});  // read in place: rows qkv's apart
     clock.mark(kStageRotaryCache);
     paged_attention(attn, q3, kc, vc, block_tables, context_lens, query_start_loc,
                     max_context_len, scale);
@@ -156,10 +164,12 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
     fused_add_rms_norm(x, residual, w[4], epsilon);
     clock.mark(kStageNorms);
     const at::Tensor& gate_up_w = w[5];
-    at::Tensor gate_up = at::empty({m, gate_up_w.size(0)}, opts);
+    if (gate_up.size(1) != gate_up_w.size(0)) {
+      gate_up = at::empty({m, gate_up_w.size(0)}, opts);
+      act = at::empty({m, gate_up_w.size(0) / 2}, opts);
+    }
     linear_rows(gate_up, x, gate_up_w, nullptr, packed_of(packed, l, 2, gate_up_w));
     clock.mark(kStageGateUp);
-    at::Tensor act = at::empty({m, gate_up_w.size(0) / 2}, opts);
     silu_and_mul(act, gate_up);
     clock.mark(kStageSilu);
     linear_rows(x, act, w[6], nullptr, packed_of(packed, l, 3, w[6]));
@@ -167,6 +177,34 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
   }
   fused_add_rms_norm(x, residual, final_norm, epsilon);
   clock.mark(kStageNorms);
+}
+
+}  // namespace
+
+void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
+                   const std::vector<at::Tensor>& weights, const at::Tensor& final_norm,
+                   const at::Tensor& cos_sin_cache, const std::vector<at::Tensor>& key_caches,
+                   const std::vector<at::Tensor>& value_caches, const at::Tensor& slot_mapping,
+                   const at::Tensor& block_tables, const at::Tensor& context_lens,
+                   const at::Tensor& query_start_loc, int64_t max_context_len, int64_t num_heads,
+                   int64_t num_kv_heads, int64_t head_size, double epsilon, double scale,
+                   bool is_neox, const std::vector<at::Tensor>& packed,
+                   const std::optional<at::Tensor>& stage_ms) {
+  StageClock clock(stage_ms);
+  SmallOpSplit split;
+  const auto step = [&] {
+    decode_step(hidden, positions, weights, final_norm, cos_sin_cache, key_caches, value_caches,
+                slot_mapping, block_tables, context_lens, query_start_loc, max_context_len,
+                num_heads, num_kv_heads, head_size, epsilon, scale, is_neox, packed, clock);
+  };
+  // The team where every linear of the step is this extension's own loop: torch's GEMM (fp32
+  // above 8 rows) inside the region would run on one thread.
+  if (team_enabled() && hidden.dim() == 2 &&
+      linear_rows_in_house(hidden.scalar_type(), hidden.size(0), !packed.empty())) {
+    Team::run(step);
+  } else {
+    step();
+  }
 }
 
 }  // namespace vllm_cpu

@@ -1,5 +1,6 @@
 // rms_norm and fused_add_rms_norm on the CPU: one pass for the sum of squares, one to scale.
 #include "core/checks.h"
+#include "cpu/team.h"
 #include "cpu/vec.h"
 #include "ops.h"
 
@@ -35,7 +36,7 @@ void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight
     scalar_t* o = out.data_ptr<scalar_t>();
     const scalar_t* x = input.data_ptr<scalar_t>();
     const scalar_t* w = weight.data_ptr<scalar_t>();
-    at::parallel_for(0, num_tokens, grain_for(hidden), [&](int64_t begin, int64_t end) {
+    parallel_for(0, num_tokens, grain_for(hidden), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         rms_norm_row(o + t * hidden, x + t * in_stride, w, hidden, static_cast<float>(epsilon));
       }
@@ -53,7 +54,7 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
     scalar_t* x = input.data_ptr<scalar_t>();
     scalar_t* r = residual.data_ptr<scalar_t>();
     const scalar_t* w = weight.data_ptr<scalar_t>();
-    at::parallel_for(0, num_tokens, grain_for(hidden), [&](int64_t begin, int64_t end) {
+    parallel_for(0, num_tokens, grain_for(hidden), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         scalar_t* xr = x + t * hidden;
         scalar_t* rr = r + t * hidden;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/checks.h"
+#include "cpu/team.h"
 #include "cpu/vec.h"
 #include "ops.h"
 
@@ -373,7 +374,7 @@ void linear_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_
   // contiguous blocks of weight rows per thread, at least ~32 KB each
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2));
   const bool pairs = m_dim <= 2 && gemv_streams() == 2;
-  at::parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
     int64_t n = begin;
     if (m_dim > kTileMinRows || (m_dim == kTileMinRows && k_dim >= kTileMinK4)) {
       tiles_bf16<kTileN, kTileRows>(out, ldo, x, ldx, w, bias, m_dim, k_dim, n, end);
@@ -404,6 +405,12 @@ bool linear_small_pays(at::ScalarType dtype, int64_t rows) {
 }
 
 }  // namespace
+
+bool linear_rows_in_house(at::ScalarType dtype, int64_t rows, bool packed) {
+  return (packed && dtype == at::kBFloat16 && packed_weights_apply(dtype) &&
+          rows >= kPackedMinRows && rows <= kSmallMaxRows) ||
+         linear_small_pays(dtype, rows);
+}
 
 bool has_bf16_dot() {
 #ifdef VLLM_BF16_DOT
@@ -447,7 +454,7 @@ void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T
   // more than it streams
   const int64_t grain =
       std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * static_cast<int64_t>(sizeof(T))));
-  at::parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) row_all<T>(out, ldo, x, ldx, weight, bias, m_dim, k_dim, n);
   });
 }

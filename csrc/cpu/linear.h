@@ -47,6 +47,9 @@ void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T
 // the packed tiles where those pay. What the linear_small op and decode_layers run.
 void linear_rows(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                  const at::Tensor* bias, const at::Tensor* packed = nullptr);
+// Whether linear_rows runs this extension's kernels (not torch's GEMM) for `rows` rows of
+// `dtype`, with or without packed copies of the weights.
+bool linear_rows_in_house(at::ScalarType dtype, int64_t rows, bool packed);
 
 // The packed layout (linear_packed.cpp): [ceil(N / kPackRows), ceil(K / 2) * 2 * kPackRows], a
 // 64-byte vector per column pair of kPackRows weight rows, zeros past N and K.

@@ -26,6 +26,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "cpu/team.h"
 #endif
 
 namespace vllm_cpu {
@@ -182,7 +184,7 @@ bool linear_amx_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, in
   const int64_t num_blocks = n_dim / kTileRows;
   // at least ~32 KB of weights per thread, as the GEMV
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kTileRows));
-  at::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
     load_tile_config({16, 16, 16, 16, 16, 0, 0, 0});
     alignas(64) float c[2 * 256];
     const int64_t end_row = end * kTileRows;
@@ -360,7 +362,7 @@ void packed_rows_amx(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, in
     const int64_t grain =
         std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * per));
     const auto m1 = static_cast<uint8_t>(m_dim - kMaxRows);
-    at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+    parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
       load_tile_config({16, 16, m1, m1, 16, m1, 16, 16});
       alignas(64) float c[4 * 256];
       for (int64_t g = begin; g < end; ++g) {
@@ -384,7 +386,7 @@ void packed_rows_amx(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, in
   // at least ~32 KB of weights per thread, as the GEMV
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * per));
   const auto m = static_cast<uint8_t>(m_dim);
-  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
     load_tile_config({m, m, m, m, m, 16, 16, 16});
     alignas(64) float c[kPackedPanels * 256];
     for (int64_t g = begin; g < end; ++g) {
@@ -419,7 +421,7 @@ bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16
   const int groups = static_cast<int>((m_dim + kTileRows - 1) / kTileRows);
   const auto last = static_cast<uint8_t>(m_dim - (groups - 1) * kTileRows);
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows));
-  at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
     if (groups == 3) {
       load_tile_config({16, 16, last, 0, 16, 16, last, 0});
     } else {

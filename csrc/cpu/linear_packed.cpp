@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "core/checks.h"
+#include "cpu/team.h"
 #include "ops.h"
 
 namespace vllm_cpu {
@@ -35,7 +36,7 @@ at::Tensor pack_linear(const at::Tensor& weight) {
   at::Tensor packed = at::empty({panels, pairs * 2 * kPackRows}, weight.options());
   const auto* src = reinterpret_cast<const uint16_t*>(w.data_ptr<c10::BFloat16>());
   auto* dst = reinterpret_cast<uint16_t*>(packed.data_ptr<c10::BFloat16>());
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       uint16_t* panel = dst + p * pairs * 2 * kPackRows;
       for (int64_t r = 0; r < kPackRows; ++r) {
@@ -145,7 +146,7 @@ bool linear_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
   const int64_t tasks = (panels + per - 1) / per;
   // contiguous blocks of tasks per thread, at least ~32 KB of weights each
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * per));
-  at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t pb = t * per;
       if (pb + kPanels <= panels && per == kPanels) {

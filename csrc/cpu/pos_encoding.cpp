@@ -1,5 +1,6 @@
 // rotary_embedding on the CPU: rotates query and key heads in place, neox or gpt-j pairing.
 #include "core/checks.h"
+#include "cpu/team.h"
 #include "cpu/vec.h"
 #include "ops.h"
 
@@ -47,7 +48,7 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, at::Tensor
     scalar_t* q = query.data_ptr<scalar_t>();
     scalar_t* k = key.data_ptr<scalar_t>();
     const scalar_t* cache = cos_sin_cache.data_ptr<scalar_t>();
-    at::parallel_for(0, num_tokens, grain_for((num_heads + num_kv_heads) * rot_dim), [&](int64_t begin, int64_t end) {
+    parallel_for(0, num_tokens, grain_for((num_heads + num_kv_heads) * rot_dim), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const scalar_t* cos = cache + pos[t] * rot_dim;
         const scalar_t* sin = cos + rot_dim / 2;

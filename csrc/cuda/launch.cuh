@@ -61,15 +61,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 // VLLM_CUDA_PDL (read at every launch): 1 on sm_90+ devices, else off.
 bool pdl_enabled();
 
-// VLLM_CUDA_CARVEOUT (read at every launch): the share of each SM's L1/shared memory that every
-// kernel here prefers as shared memory, in percent; -1 ("default") leaves the choice to the
-// driver. Where consecutive kernels of a step want different splits, an SM drains before it
-// changes split, and a kernel cannot start on it while the one before still runs there.
-int carveout_percent();
-// Sets `kernel`'s preferred carveout to `percent` on the current device once per (kernel,
-// device, percent).
-void prefer_carveout(const void* kernel, int percent);
-
 // A cudaLaunchKernelEx configuration of n attributes (attrs must outlive it).
 inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                         cudaLaunchAttribute* attrs, int n) {
@@ -89,8 +80,6 @@ template <typename... Params, typename... Args>
 void launch_kernel_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, const cudaLaunchAttribute* extra, int n_extra,
                       Args&&... args) {
-  const int carveout = carveout_percent();
-  if (carveout >= 0) prefer_carveout(reinterpret_cast<const void*>(kernel), carveout);
   cudaLaunchAttribute attrs[4];
   int n = 0;
   for (int i = 0; i < n_extra && n < 3; ++i) attrs[n++] = extra[i];

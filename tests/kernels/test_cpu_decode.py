@@ -264,6 +264,55 @@ def test_small_op_split_changes_nothing(dtype, monkeypatch):
         run(model, caches, md, ids, positions, "fused", monkeypatch)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("context_lens,q_lens", [
+    ([7], [1]),  # one draft step
+    ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes
+    ([20, 35, 5, 9], [5] * 4),  # 20 rows (fp32: torch's GEMM, so no team)
+])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_team_changes_nothing(dtype, context_lens, q_lens, threads, monkeypatch):
+    """decode_layers' step in one parallel region with its loops handed to spinning threads
+    (VLLM_CPU_DECODE_TEAM=1, team.h) gives the same hidden states, logits and caches bit for bit
+    as a region per loop (0): the same chunks of every loop, at 2 and 3 threads (3: chunks that
+    do not divide evenly); a step that fails inside the region raises its error by name and
+    leaves the next step whole; a bad setting is refused by name."""
+    model, config = make_model("llama-gqa", dtype)
+    caches, md, positions = make_step(config, dtype, context_lens, q_lens)
+    ids = torch.randint(0, config.vocab_size, (len(positions),),
+                        generator=torch.Generator().manual_seed(4))
+    monkeypatch.setenv("VLLM_CPU_DECODE_SPLIT_ELEMS", "1")  # every small op split as well
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        results = []
+        for team in ("0", "1"):
+            monkeypatch.setenv("VLLM_CPU_DECODE_TEAM", team)
+            results.append(run(model, caches, md, ids, positions, "fused", monkeypatch))
+        (h0, l0, c0), (h1, l1, c1) = results
+        assert torch.equal(h0, h1) and torch.equal(l0, l1)
+        for (k0, v0), (k1, v1) in zip(c0, c1):
+            assert torch.equal(k0, k1) and torch.equal(v0, v1)
+        # an error raised inside the region (the second layer's qkv weight of a wrong shape)
+        weights = cpu_decode._layer_weights(model.model)
+        bad = list(weights)
+        bad[7 + 1] = bad[7 + 1][:-1]
+        attn = model.model.layers[0].self_attn
+        args = (positions, bad, model.model.norm.weight.detach(), attn.rotary_emb.cos_sin_cache,
+                [k.clone() for k, _ in caches], [v.clone() for _, v in caches], md.slot_mapping,
+                md.block_tables, md.context_lens, md.query_start_loc, md.max_context_len,
+                attn.num_heads, attn.num_kv_heads, attn.head_dim, 1e-5, attn.attn.scale, True, [])
+        hidden = torch.randn(len(positions), config.hidden_size).to(dtype)
+        with pytest.raises(RuntimeError, match="layer 1: qkv weight must be"):
+            ops.decode_layers(hidden, *args)
+        assert torch.equal(run(model, caches, md, ids, positions, "fused", monkeypatch)[0], h1)
+    finally:
+        torch.set_num_threads(saved)
+    monkeypatch.setenv("VLLM_CPU_DECODE_TEAM", "yes")
+    with pytest.raises(RuntimeError, match="VLLM_CPU_DECODE_TEAM must be 0 or 1"):
+        run(model, caches, md, ids, positions, "fused", monkeypatch)
+
+
 def test_opcheck():
     model, config = make_model("qwen2-bias", torch.float32)
     caches, md, positions = make_step(config, torch.float32, [20, 5], [2, 1])
