@@ -7,7 +7,8 @@
 #   (spin: the trained pair's CPU draft sleeping vs busy-waiting between proposals, after pair)
 #   (goodput: a never-accepted CPU draft vs plain at GOODPUT_BATCHES, per GOODPUT_MODES (the
 #   drafter spinning or not, its cores); profile: the target step by kernel at PROFILE_SHAPES x
-#   PROFILE_BATCHES, each setting of PROFILE_VARIANTS (below), benchmarks/profile_step.py;
+#   PROFILE_BATCHES, each setting of PROFILE_VARIANTS (below), benchmarks/profile_step.py,
+#   PROFILE_GPU_UTIL its --gpu-memory-utilization (default 0.8; 0.95 fits 34B on an 80 GB card);
 #   gemv: benchmarks/benchmark_gemv_cuda.py at GEMV_ROWS; attn: benchmarks/benchmark_attention_cuda.py
 #   at each of ATTN_VARIANTS (as PROFILE_VARIANTS, comma-joined settings); draft: DRAFT_THREADS, DRAFT_PATHS,
 #   DRAFT_TAG a suffix for its files, DRAFT_PROFILE=1 for an op profile of each shape's batch-8
@@ -290,7 +291,7 @@ if want profile; then
       echo "-- $shape, $variant"
       env $([ "$variant" = default ] || echo "$variant" | tr ',' ' ') "$PY" benchmarks/profile_step.py \
         --model /tmp/$shape --load-format dummy \
-        --dtype bfloat16 --max-model-len 1024 --gpu-memory-utilization 0.8 \
+        --dtype bfloat16 --max-model-len 1024 --gpu-memory-utilization "${PROFILE_GPU_UTIL:-0.8}" \
         --shapes "${PROFILE_BATCHES:-1x1,1x5,16x1,16x5,32x1}" \
         --output-json "$OUT_DIR/profile_$tag.json" > "$OUT_DIR/profile_$tag.log" 2>&1 || status=1
       grep -v "INFO\|WARNING" "$OUT_DIR/profile_$tag.log" | tail -48

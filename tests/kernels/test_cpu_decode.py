@@ -1,6 +1,8 @@
 """The CPU decode path (linear_small, decode_layers) against the per-op reference: the model's own
 layers with F.linear, for Llama (GQA, MHA) and Qwen2 (q/k/v biases) shapes, fp32 and bf16, decode
 and verification batches of 1 to 64 rows; plus torch.library.opcheck of both ops."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -270,12 +272,12 @@ def test_small_op_split_changes_nothing(dtype, monkeypatch):
     ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes
     ([20, 35, 5, 9], [5] * 4),  # 20 rows (fp32: torch's GEMM, so no team)
 ])
-@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("threads", [2, 3, "all"])
 def test_team_changes_nothing(dtype, context_lens, q_lens, threads, monkeypatch):
     """decode_layers' step in one parallel region with its loops handed to spinning threads
     (VLLM_CPU_DECODE_TEAM=1, team.h) gives the same hidden states, logits and caches bit for bit
     as a region per loop (0): the same chunks of every loop, at 2 and 3 threads (3: chunks that
-    do not divide evenly); a step that fails inside the region raises its error by name and
+    do not divide evenly) and at one a core (16 on the GPU machine's host); a step that fails inside the region raises its error by name and
     leaves the next step whole; a bad setting is refused by name."""
     model, config = make_model("llama-gqa", dtype)
     caches, md, positions = make_step(config, dtype, context_lens, q_lens)
@@ -283,7 +285,7 @@ def test_team_changes_nothing(dtype, context_lens, q_lens, threads, monkeypatch)
                         generator=torch.Generator().manual_seed(4))
     monkeypatch.setenv("VLLM_CPU_DECODE_SPLIT_ELEMS", "1")  # every small op split as well
     saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(os.cpu_count() if threads == "all" else threads)
     try:
         results = []
         for team in ("0", "1"):
