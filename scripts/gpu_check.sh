@@ -34,15 +34,14 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the twentieth session (runs 27-28 on an H100; no H200 came
-#   in three tries): on an H200, the whole CUDA suite at HEAD (the wave kernel for 3-8 rows, the
-#   cluster merge and VLLM_CUDA_GEMV=8 are defaults measured on the H100 only), then
-#   PYTHONPATH=. python3 benchmarks/lab/gemv_lab.py 23,32 (the wave kernel's lab form against
-#   ours and cuBLAS on that card), PROFILE_SHAPES="llama-2-7b llama-2-13b codellama-34b"
-#   PROFILE_VARIANTS="default VLLM_CUDA_GEMV=2" ... profile (issue 15's table on the H200; 34B
-#   does not fit an H100), and the draft stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused) twice,
-#   the second with VLLM_CPU_DECODE_SPLIT_ELEMS=0 DRAFT_TAG=_nosplit (the small ops on one
-#   thread: how much of batch 8's ~10 us a norm is the region's fork and join).
+#   (the next lease's plan, after the twenty-first session (runs 29-30, H100s; issue 15's bars
+#   all held in run 30's one call): on an H200 if one comes, the whole CUDA suite and
+#   PROFILE_SHAPES="llama-2-7b llama-2-13b codellama-34b" ... profile (34B with
+#   PROFILE_GPU_UTIL=0.95 on an 80 GB card) to confirm the table there; for issue 10 the draft
+#   stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused) twice in turns with VLLM_CPU_DECODE_TEAM=1 and
+#   0 (run 30's one A/B had one row against the team, llama-68m at 8 threads), then the trained
+#   pairs (pair, PAIR_SHAPE=llama-2-13b too: the CPU draft against the same draft on the GPU at
+#   every k, drafting ahead at k = 4) with the team on.
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
 #   taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
