@@ -8,7 +8,8 @@
 #   (goodput: a never-accepted CPU draft vs plain at GOODPUT_BATCHES, per GOODPUT_MODES (the
 #   drafter spinning or not, its cores); profile: the target step by kernel at PROFILE_SHAPES x
 #   PROFILE_BATCHES, each setting of PROFILE_VARIANTS (below), benchmarks/profile_step.py,
-#   PROFILE_GPU_UTIL its --gpu-memory-utilization (default 0.8; 0.95 fits 34B on an 80 GB card);
+#   PROFILE_GPU_UTIL its --gpu-memory-utilization (default 0.8, 0.95 for codellama-34b: it fits
+#   an 80 GB card so);
 #   gemv: benchmarks/benchmark_gemv_cuda.py at GEMV_ROWS; attn: benchmarks/benchmark_attention_cuda.py
 #   at each of ATTN_VARIANTS (as PROFILE_VARIANTS, comma-joined settings); draft: DRAFT_THREADS, DRAFT_PATHS,
 #   DRAFT_TAG a suffix for its files, DRAFT_PROFILE=1 for an op profile of each shape's batch-8
@@ -283,14 +284,16 @@ if want profile; then
     "$PY" -m benchmarks.model_shapes $shape /tmp/$shape > /dev/null 2>&1
     # PROFILE_VARIANTS: space-separated runs, each "default" or comma-joined VAR=value settings,
     # e.g. "VLLM_CUDA_ATTN_COMBINE=kernel,VLLM_FUSED_ROTARY_CACHE=0 default" (VLLM_CUDA_GEMV,
-    # VLLM_CUDA_ATTN_PARTS, VLLM_CUDA_ATTN_COMBINE, VLLM_FUSED_ROTARY_CACHE, VLLM_CUDA_CARVEOUT,
-    # VLLM_CUDA_PDL: vllm/envs.py)
+    # VLLM_CUDA_ATTN_PARTS, VLLM_CUDA_ATTN_COMBINE, VLLM_FUSED_ROTARY_CACHE, VLLM_CUDA_PDL:
+    # vllm/envs.py)
+    # 34B's 67.5 GB of weights need 0.95 of an 80 GB card (run 30); 0.8 leaves the others room
+    util="${PROFILE_GPU_UTIL:-$([ "$shape" = codellama-34b ] && echo 0.95 || echo 0.8)}"
     for variant in ${PROFILE_VARIANTS:-default}; do
       tag="${shape}_$(echo "$variant" | tr ',=' '_-')"
       echo "-- $shape, $variant"
       env $([ "$variant" = default ] || echo "$variant" | tr ',' ' ') "$PY" benchmarks/profile_step.py \
         --model /tmp/$shape --load-format dummy \
-        --dtype bfloat16 --max-model-len 1024 --gpu-memory-utilization "${PROFILE_GPU_UTIL:-0.8}" \
+        --dtype bfloat16 --max-model-len 1024 --gpu-memory-utilization "$util" \
         --shapes "${PROFILE_BATCHES:-1x1,1x5,16x1,16x5,32x1}" \
         --output-json "$OUT_DIR/profile_$tag.json" > "$OUT_DIR/profile_$tag.log" 2>&1 || status=1
       grep -v "INFO\|WARNING" "$OUT_DIR/profile_$tag.log" | tail -48
