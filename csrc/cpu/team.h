@@ -1,8 +1,10 @@
 // One parallel region for a whole decode step (decode_layers): the calling thread runs the step
 // and hands each parallel loop to the region's other threads, which spin between loops, instead
-// of opening an OpenMP region per loop. On the 16-core host a region per loop cost 5.6 us where
-// the loop's own work was 0.3 us, a hand-over to spinning threads 3.4 (benchmarks/lab/
-// cpu_parallel_lab.py); a SmolLM2 step opens ~11 loops a layer at batch 8.
+// of opening an OpenMP region per loop. On a 16-core Xeon host a region per loop cost 5.6 us
+// where the loop's own work was 0.3 us, a hand-over to spinning threads 3.4 (benchmarks/lab/
+// cpu_parallel_lab.py); a SmolLM2-135M step opens ~5 loops a layer at batch 1 and ~11 at batch
+// 8, and at 16 threads its decode_layers took 0.70x (batch 1) and 0.67x (batch 8) the time of a
+// region per loop (benchmarks/RESULTS.md, run 30).
 //
 // parallel_for(begin, end, grain, f) splits [begin, end) as at::parallel_for does (at most one
 // contiguous chunk a thread, chunks of at least `grain` items, chunk t to thread t; one chunk
@@ -11,8 +13,10 @@
 #pragma once
 
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <omp.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include <atomic>
 #include <cstdint>
@@ -20,6 +24,15 @@
 #include <mutex>
 
 namespace vllm_cpu {
+
+// A spinning thread's pause between two reads of a counter.
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 class Team {
  public:
@@ -84,7 +97,7 @@ class Team {
     active() = nullptr;  // a loop inside this chunk runs inline (as in at::parallel_for)
     run_chunk(0);
     active() = this;
-    while (done_.v.load(std::memory_order_acquire) < size_ - 1) _mm_pause();
+    while (done_.v.load(std::memory_order_acquire) < size_ - 1) spin_pause();
     if (loop_error_) {
       std::exception_ptr e = loop_error_;
       loop_error_ = nullptr;
@@ -105,7 +118,7 @@ class Team {
     int64_t seen = 0;
     for (;;) {
       int64_t g;
-      while ((g = generation_.v.load(std::memory_order_acquire)) == seen) _mm_pause();
+      while ((g = generation_.v.load(std::memory_order_acquire)) == seen) spin_pause();
       if (g == kStop) return;
       seen = g;
       run_chunk(tid);
