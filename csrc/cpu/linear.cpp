@@ -407,8 +407,8 @@ bool linear_small_pays(at::ScalarType dtype, int64_t rows) {
 }  // namespace
 
 bool linear_rows_in_house(at::ScalarType dtype, int64_t rows, bool packed) {
-  return (packed && dtype == at::kBFloat16 && packed_weights_apply(dtype) &&
-          rows >= kPackedMinRows && rows <= kSmallMaxRows) ||
+  return (packed && packed_weights_apply(dtype) && rows >= kPackedMinRows &&
+          rows <= kSmallMaxRows) ||
          linear_small_pays(dtype, rows);
 }
 

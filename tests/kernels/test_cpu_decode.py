@@ -244,6 +244,22 @@ def test_stage_clock_times_every_stage_and_changes_nothing(monkeypatch):
         run(model, caches, md, ids, positions, "fused", monkeypatch)
 
 
+def runs_under(settings, model, caches, md, ids, positions, monkeypatch):
+    """The fused path's (hidden, logits, caches) under each of `settings` ({variable: value}),
+    asserted bit-identical to the first's; returns the first."""
+    results = []
+    for setting in settings:
+        for name, value in setting.items():
+            monkeypatch.setenv(name, value)
+        results.append(run(model, caches, md, ids, positions, "fused", monkeypatch))
+    (h0, l0, c0) = results[0]
+    for setting, (h, l, c) in zip(settings[1:], results[1:]):
+        assert torch.equal(h, h0) and torch.equal(l, l0), setting
+        for (k0, v0), (k, v) in zip(c0, c):
+            assert torch.equal(k, k0) and torch.equal(v, v0), setting
+    return results[0]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_small_op_split_changes_nothing(dtype, monkeypatch):
     """decode_layers' norms, silu_and_mul and rotary split over the threads
@@ -253,14 +269,8 @@ def test_small_op_split_changes_nothing(dtype, monkeypatch):
     caches, md, positions = make_step(config, dtype, [40, 3, 17, 64, 1, 22, 9, 31], [1] * 8)
     ids = torch.randint(0, config.vocab_size, (len(positions),),
                         generator=torch.Generator().manual_seed(3))
-    results = []
-    for elems in ("0", "1"):
-        monkeypatch.setenv("VLLM_CPU_DECODE_SPLIT_ELEMS", elems)
-        results.append(run(model, caches, md, ids, positions, "fused", monkeypatch))
-    (h0, l0, c0), (h1, l1, c1) = results
-    assert torch.equal(h0, h1) and torch.equal(l0, l1)
-    for (k0, v0), (k1, v1) in zip(c0, c1):
-        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    runs_under([{"VLLM_CPU_DECODE_SPLIT_ELEMS": e} for e in ("0", "1")], model, caches, md, ids,
+               positions, monkeypatch)
     monkeypatch.setenv("VLLM_CPU_DECODE_SPLIT_ELEMS", "lots")
     with pytest.raises(RuntimeError, match="VLLM_CPU_DECODE_SPLIT_ELEMS must be a count"):
         run(model, caches, md, ids, positions, "fused", monkeypatch)
@@ -277,8 +287,9 @@ def test_team_changes_nothing(dtype, context_lens, q_lens, threads, monkeypatch)
     """decode_layers' step in one parallel region with its loops handed to spinning threads
     (VLLM_CPU_DECODE_TEAM=1, team.h) gives the same hidden states, logits and caches bit for bit
     as a region per loop (0): the same chunks of every loop, at 2 and 3 threads (3: chunks that
-    do not divide evenly) and at one a core (16 on the GPU machine's host); a step that fails inside the region raises its error by name and
-    leaves the next step whole; a bad setting is refused by name."""
+    do not divide evenly) and at one a core (16 on the GPU machine's host); a step that fails
+    inside the region raises its error by name and leaves the next step whole; a bad setting is
+    refused by name."""
     model, config = make_model("llama-gqa", dtype)
     caches, md, positions = make_step(config, dtype, context_lens, q_lens)
     ids = torch.randint(0, config.vocab_size, (len(positions),),
@@ -287,14 +298,8 @@ def test_team_changes_nothing(dtype, context_lens, q_lens, threads, monkeypatch)
     saved = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() if threads == "all" else threads)
     try:
-        results = []
-        for team in ("0", "1"):
-            monkeypatch.setenv("VLLM_CPU_DECODE_TEAM", team)
-            results.append(run(model, caches, md, ids, positions, "fused", monkeypatch))
-        (h0, l0, c0), (h1, l1, c1) = results
-        assert torch.equal(h0, h1) and torch.equal(l0, l1)
-        for (k0, v0), (k1, v1) in zip(c0, c1):
-            assert torch.equal(k0, k1) and torch.equal(v0, v1)
+        h0 = runs_under([{"VLLM_CPU_DECODE_TEAM": t} for t in ("0", "1")], model, caches, md,
+                        ids, positions, monkeypatch)[0]
         # an error raised inside the region (the second layer's qkv weight of a wrong shape)
         weights = cpu_decode._layer_weights(model.model)
         bad = list(weights)
@@ -307,7 +312,7 @@ def test_team_changes_nothing(dtype, context_lens, q_lens, threads, monkeypatch)
         hidden = torch.randn(len(positions), config.hidden_size).to(dtype)
         with pytest.raises(RuntimeError, match="layer 1: qkv weight must be"):
             ops.decode_layers(hidden, *args)
-        assert torch.equal(run(model, caches, md, ids, positions, "fused", monkeypatch)[0], h1)
+        assert torch.equal(run(model, caches, md, ids, positions, "fused", monkeypatch)[0], h0)
     finally:
         torch.set_num_threads(saved)
     monkeypatch.setenv("VLLM_CPU_DECODE_TEAM", "yes")
