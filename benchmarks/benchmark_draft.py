@@ -7,11 +7,13 @@ alone, run back to back, over the forward's), the fused path's time by stage of 
 decode_layers call (the norms, each linear, rotary and cache write, attention, the activation;
 what is left of the forward is the logits, the sampling and the Python around them), the thread
 count the draft picks at start-up, and the top ops from torch's profiler on request. A summary
-table comes last.
+table comes last. --settings times settings of the kernels' environment variables in turns,
+forward by forward, so that an A/B shares the host's drift (a row per setting).
 
     python benchmarks/benchmark_draft.py --model DRAFT[,DRAFT2] [--load-format dummy] \
         [--dtypes float32,bfloat16] [--threads 1,4,16] [--batch-sizes 1,8] \
-        [--paths fused,native] [--context 256] [--profile]"""
+        [--paths fused,native] [--context 256] [--profile] \
+        [--settings 'VLLM_CPU_DECODE_TEAM=1;VLLM_CPU_DECODE_TEAM=0']"""
 import argparse
 import os
 import statistics
@@ -45,7 +47,7 @@ def make_draft(args, model: str, dtype: str) -> DraftModelProposer:
     draft itself; its thread count is set per row here (the start-up pick is measured apart)."""
     engine_args = EngineArgs(model=model, device="cpu", dtype=dtype,
                              load_format=args.load_format,
-                             max_model_len=args.context + args.num_forwards + 16,
+                             max_model_len=args.context + forwards_per_setting(args) + 16,
                              max_num_seqs=max(args.batch_sizes),
                              speculative_model=model, num_speculative_tokens=1,
                              cpu_draft_worker=True, speculative_draft_dtype=dtype,
@@ -54,8 +56,39 @@ def make_draft(args, model: str, dtype: str) -> DraftModelProposer:
     return DraftModelProposer(config, get_tokenizer(config.model_config))
 
 
-def time_forwards(draft: DraftModelProposer, args, batch_size: int) -> list[float]:
-    """ms of each of num_forwards one-token forwards after a context of args.context tokens."""
+def parse_settings(text: str) -> list[dict]:
+    """--settings: ';'-separated settings, each ','-joined VAR=value pairs ("" or "default":
+    none), e.g. "VLLM_CPU_DECODE_TEAM=1;VLLM_CPU_DECODE_TEAM=0"."""
+    settings = []
+    for item in text.split(";"):
+        setting = {}
+        for pair in item.split(","):
+            pair = pair.strip()
+            if not pair or pair == "default":
+                continue
+            name, sep, value = pair.partition("=")
+            if not sep or not name:
+                raise ValueError(f"--settings: expected VAR=value, got {pair!r}")
+            setting[name] = value
+        settings.append(setting)
+    return settings
+
+
+def forwards_per_setting(args) -> int:
+    """The forwards a sequence takes at one batch size: num_forwards under each setting."""
+    return args.num_forwards * len(parse_settings(args.settings))
+
+
+def setting_label(setting: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in setting.items()) or "default"
+
+
+def time_forwards(draft: DraftModelProposer, args, batch_size: int,
+                  settings: tuple = ({},), stage_ms: tuple = (None,)) -> list[list[float]]:
+    """ms of each of num_forwards one-token forwards after a context of args.context tokens, per
+    setting: forward i runs under settings[i % len(settings)] (environment variables the kernels
+    read at each call), its decode_layers stages into stage_ms[i % len(settings)], so that the
+    settings take turns forward by forward and share the host's drift."""
     vocab = draft.config.hf_config.vocab_size
     reqs = []
     for i in range(batch_size):
@@ -64,16 +97,28 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int) -> list[floa
     draft.propose(reqs, [1] * len(reqs)).result()  # the context's forward (a prefill)
     for req in reqs:
         if not draft.block_manager.grow(draft.seqs[req.req_id].block_ids,
-                                        args.context + args.num_forwards + 2):
+                                        args.context + forwards_per_setting(args) + 2):
             raise ValueError("the draft's KV cache is too small: raise VLLM_CPU_KVCACHE_SPACE")
-    times = []
+    times = [[] for _ in settings]
+    saved = {name: os.environ.get(name) for setting in settings for name in setting}
     with torch.inference_mode():
-        for i in range(args.num_forwards):
-            if i == args.warmup and cpu_decode.stage_ms is not None:
-                cpu_decode.stage_ms.zero_()  # the stage clock counts the timed forwards alone
+        for i in range(args.num_forwards * len(settings)):
+            which = i % len(settings)
+            os.environ.update(settings[which])
+            cpu_decode.stage_ms = stage_ms[which]
+            if i == args.warmup * len(settings):
+                for clock in stage_ms:  # the stage clock counts the timed forwards alone
+                    if clock is not None:
+                        clock.zero_()
             start = time.perf_counter()
             draft._draft(reqs, [1] * len(reqs))
-            times.append((time.perf_counter() - start) * 1e3)
+            times[which].append((time.perf_counter() - start) * 1e3)
+    cpu_decode.stage_ms = None
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     for req in reqs:
         draft.free(req.req_id)
     return times
@@ -108,9 +153,32 @@ def gemm_ms(model: torch.nn.Module, rows: int, path: str, repeats: int = 9) -> f
     return statistics.median(samples)
 
 
+def forward_row(name: str, dtype: str, threads: int, bs: int, path: str, times: list[float],
+                stages: list[float], floor: float, gemm: float, bandwidth: float) -> dict:
+    """One row of the result (printed as it is made): the forwards' median against the floor,
+    the GEMMs' share and, for the fused path, decode_layers' time by stage (means)."""
+    median = statistics.median(times)
+    row = {"model": name, "dtype": dtype, "threads": threads, "batch_size": bs, "path": path,
+           "ms_per_forward": median, "min": min(times), "max": max(times), "floor_ms": floor,
+           "gemm_ms": gemm, "outside_gemm_share": max(0.0, 1 - gemm / median),
+           "bandwidth_gbps": bandwidth}
+    if any(stages):
+        row["stage_ms"] = dict(zip(ops.DECODE_STAGES, stages))
+        row["stage_ms"]["outside_decode_layers"] = median - sum(stages)
+    print(f"{name:<14} {dtype:<9} {threads:>3} thr  batch {bs:>2}  {path:<6} "
+          f"{median:7.3f} ms (min {min(times):.3f})  floor {floor:.3f} ms "
+          f"= {median / floor:4.2f}x floor  gemms {gemm:.3f} ms, "
+          f"{100 * row['outside_gemm_share']:3.0f}% outside  ({bandwidth:.0f} GB/s)", flush=True)
+    if "stage_ms" in row:
+        print("    by stage (ms): " + ", ".join(
+            f"{k} {v:.3f}" for k, v in row["stage_ms"].items()), flush=True)
+    return row
+
+
 def main(args) -> dict:
     threads = [int(t) for t in args.threads.split(",")] if args.threads else \
         cpu_threads.candidate_counts()
+    settings = parse_settings(args.settings)
     rows, picks = [], {}
     for model_path in args.model.split(","):
         name = os.path.basename(model_path.rstrip("/"))
@@ -130,30 +198,17 @@ def main(args) -> dict:
                     floor = step_floor_ms(model, draft.config, args.context * bs, bandwidth)
                     for path in args.paths.split(","):
                         os.environ["VLLM_CPU_DECODE_PATH"] = path
-                        cpu_decode.stage_ms = torch.zeros(len(ops.DECODE_STAGES),
-                                                          dtype=torch.float64)
-                        times = time_forwards(draft, args, bs)[args.warmup:]
-                        stages = (cpu_decode.stage_ms / max(1, len(times))).tolist()
-                        cpu_decode.stage_ms = None
-                        median = statistics.median(times)
+                        clocks = tuple(torch.zeros(len(ops.DECODE_STAGES), dtype=torch.float64)
+                                       for _ in settings)
+                        per_setting = time_forwards(draft, args, bs, settings, clocks)
                         gemm = gemm_ms(model, bs, path)
-                        row = {"model": name, "dtype": dtype, "threads": n, "batch_size": bs,
-                               "path": path, "ms_per_forward": median, "min": min(times),
-                               "max": max(times), "floor_ms": floor, "gemm_ms": gemm,
-                               "outside_gemm_share": max(0.0, 1 - gemm / median),
-                               "bandwidth_gbps": bandwidth}
-                        if any(stages):  # the fused path's decode_layers, by stage (means)
-                            row["stage_ms"] = dict(zip(ops.DECODE_STAGES, stages))
-                            row["stage_ms"]["outside_decode_layers"] = median - sum(stages)
-                        rows.append(row)
-                        print(f"{name:<14} {dtype:<9} {n:>3} thr  batch {bs:>2}  {path:<6} "
-                              f"{median:7.3f} ms (min {min(times):.3f})  floor {floor:.3f} ms "
-                              f"= {median / floor:4.2f}x floor  gemms {gemm:.3f} ms, "
-                              f"{100 * row['outside_gemm_share']:3.0f}% outside  "
-                              f"({bandwidth:.0f} GB/s)", flush=True)
-                        if "stage_ms" in row:
-                            print("    by stage (ms): " + ", ".join(
-                                f"{k} {v:.3f}" for k, v in row["stage_ms"].items()), flush=True)
+                        for setting, clock, times in zip(settings, clocks, per_setting):
+                            times = times[args.warmup:]
+                            label = path if len(settings) == 1 else \
+                                f"{path} {setting_label(setting)}"
+                            rows.append(forward_row(name, dtype, n, bs, label, times,
+                                                    (clock / max(1, len(times))).tolist(),
+                                                    floor, gemm, bandwidth))
             if args.profile:
                 from torch.profiler import ProfilerActivity, profile
                 os.environ["VLLM_CPU_DECODE_PATH"] = args.paths.split(",")[0]
@@ -206,6 +261,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--num-forwards", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--settings", default="default",
+                        help="';'-separated settings of environment variables the kernels read "
+                             "at each call, each ','-joined VAR=value pairs, timed in turns "
+                             "forward by forward (a row each), e.g. "
+                             "'VLLM_CPU_DECODE_TEAM=1;VLLM_CPU_DECODE_TEAM=0'")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--output-json", default=None)
     add_plot_args(parser)

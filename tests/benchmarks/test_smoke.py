@@ -1,11 +1,13 @@
 """Each benchmark runs end to end on a tiny model (one iteration) and writes its JSON."""
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,6 +135,63 @@ def test_benchmark_draft(tmp_path, tiny_llama):
         ("float32", 1, "fused"), ("float32", 1, "native")]
     for row in rows:
         assert 0 < row["min"] <= row["ms_per_forward"] and row["floor_ms"] > 0
+
+
+def test_benchmark_draft_settings_in_turns(tmp_path, tiny_llama):
+    """--settings: each setting a row of its own (labelled in the path), the forwards of the
+    settings taken in turns; a malformed setting is refused by name."""
+    out = tmp_path / "d.json"
+    run("benchmark_draft.py", "--model", tiny_llama, "--dtypes", "bfloat16", "--threads", "1",
+        "--context", "16", "--num-forwards", "6", "--warmup", "2", "--paths", "fused",
+        "--settings", "VLLM_CPU_DECODE_TEAM=1;VLLM_CPU_DECODE_TEAM=0,VLLM_CPU_DECODE_SPLIT_ELEMS=0",
+        "--output-json", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["path"] for r in rows] == [
+        "fused VLLM_CPU_DECODE_TEAM=1",
+        "fused VLLM_CPU_DECODE_TEAM=0,VLLM_CPU_DECODE_SPLIT_ELEMS=0"]
+    for row in rows:
+        assert 0 < row["min"] <= row["ms_per_forward"] and row["stage_ms"]["attention"] > 0
+    from benchmarks.benchmark_draft import parse_settings
+    assert parse_settings("default;A=1,B=2") == [{}, {"A": "1", "B": "2"}]
+    with pytest.raises(ValueError, match="expected VAR=value, got 'TEAM'"):
+        parse_settings("TEAM")
+
+
+def test_time_forwards_alternates_settings(monkeypatch):
+    """time_forwards runs forward i under settings[i % n], each forward's stages on its
+    setting's clock, and leaves the environment as it found it."""
+    import types
+    from benchmarks import benchmark_draft as bd
+    seen = []
+
+    class Draft:
+        config = types.SimpleNamespace(hf_config=types.SimpleNamespace(vocab_size=10))
+        block_manager = types.SimpleNamespace(grow=lambda ids, n: True)
+
+        def __init__(self):
+            self.seqs = {}
+
+        def propose(self, reqs, ks):
+            for r in reqs:
+                self.seqs[r.req_id] = types.SimpleNamespace(block_ids=[])
+            return types.SimpleNamespace(result=lambda: None)
+
+        def _draft(self, reqs, ks):
+            seen.append((os.environ.get("X_SETTING"), bd.cpu_decode.stage_ms))
+
+        def free(self, req_id):
+            self.seqs.pop(req_id)
+
+    monkeypatch.setenv("X_SETTING", "before")
+    args = types.SimpleNamespace(context=4, num_forwards=3, warmup=1, settings="X_SETTING=a;"
+                                 "X_SETTING=b")
+    clocks = (torch.ones(2), torch.ones(2))
+    times = bd.time_forwards(Draft(), args, 2, bd.parse_settings(args.settings), clocks)
+    assert [(x, next(i for i, c in enumerate(clocks) if c is clock)) for x, clock in seen] == [
+        ("a", 0), ("b", 1)] * 3
+    assert all(not c.any() for c in clocks)  # zeroed after the warm-up forwards
+    assert [len(t) for t in times] == [3, 3]
+    assert os.environ["X_SETTING"] == "before" and bd.cpu_decode.stage_ms is None
 
 
 def test_profile_prefill(tmp_path, tiny_llama):
