@@ -13,7 +13,7 @@ forward by forward, so that an A/B shares the host's drift (a row per setting).
     python benchmarks/benchmark_draft.py --model DRAFT[,DRAFT2] [--load-format dummy] \
         [--dtypes float32,bfloat16] [--threads 1,4,16] [--batch-sizes 1,8] \
         [--paths fused,native] [--context 256] [--profile] \
-        [--settings 'VLLM_CPU_DECODE_TEAM=1;VLLM_CPU_DECODE_TEAM=0']"""
+        [--settings 'team:VLLM_CPU_DECODE_TEAM=1;no team:VLLM_CPU_DECODE_TEAM=0']"""
 import argparse
 import os
 import statistics
@@ -56,13 +56,17 @@ def make_draft(args, model: str, dtype: str) -> DraftModelProposer:
     return DraftModelProposer(config, get_tokenizer(config.model_config))
 
 
-def parse_settings(text: str) -> list[dict]:
-    """--settings: ';'-separated settings, each ','-joined VAR=value pairs ("" or "default":
-    none), e.g. "VLLM_CPU_DECODE_TEAM=1;VLLM_CPU_DECODE_TEAM=0"."""
+def parse_settings(text: str) -> list[tuple[str, dict]]:
+    """--settings: ';'-separated settings, each an optional "LABEL:" and ','-joined VAR=value
+    pairs ("" or "default": none), e.g. "team:VLLM_CPU_DECODE_TEAM=1;VLLM_CPU_DECODE_TEAM=0";
+    (label, {VAR: value}) each, the label the pairs themselves where none is given."""
     settings = []
     for item in text.split(";"):
+        label, colon, pairs = item.partition(":")
+        if not colon:
+            label, pairs = "", item
         setting = {}
-        for pair in item.split(","):
+        for pair in pairs.split(","):
             pair = pair.strip()
             if not pair or pair == "default":
                 continue
@@ -70,7 +74,8 @@ def parse_settings(text: str) -> list[dict]:
             if not sep or not name:
                 raise ValueError(f"--settings: expected VAR=value, got {pair!r}")
             setting[name] = value
-        settings.append(setting)
+        settings.append((label.strip() or
+                         ",".join(f"{k}={v}" for k, v in setting.items()) or "default", setting))
     return settings
 
 
@@ -79,14 +84,12 @@ def forwards_per_setting(args) -> int:
     return args.num_forwards * len(parse_settings(args.settings))
 
 
-def setting_label(setting: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in setting.items()) or "default"
-
-
 def time_forwards(draft: DraftModelProposer, args, batch_size: int,
-                  settings: tuple = ({},), stage_ms: tuple = (None,)) -> list[list[float]]:
+                  settings: tuple = (("", {}),), stage_ms: tuple = (None,)
+                  ) -> list[list[float]]:
     """ms of each of num_forwards one-token forwards after a context of args.context tokens, per
-    setting: forward i runs under settings[i % len(settings)] (environment variables the kernels
+    setting ((label, {VAR: value}), parse_settings): forward i runs under settings[i %
+    len(settings)] (environment variables the kernels
     read at each call), its decode_layers stages into stage_ms[i % len(settings)], so that the
     settings take turns forward by forward and share the host's drift."""
     vocab = draft.config.hf_config.vocab_size
@@ -100,11 +103,11 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
                                         args.context + forwards_per_setting(args) + 2):
             raise ValueError("the draft's KV cache is too small: raise VLLM_CPU_KVCACHE_SPACE")
     times = [[] for _ in settings]
-    saved = {name: os.environ.get(name) for setting in settings for name in setting}
+    saved = {name: os.environ.get(name) for _, setting in settings for name in setting}
     with torch.inference_mode():
         for i in range(args.num_forwards * len(settings)):
             which = i % len(settings)
-            os.environ.update(settings[which])
+            os.environ.update(settings[which][1])
             cpu_decode.stage_ms = stage_ms[which]
             if i == args.warmup * len(settings):
                 for clock in stage_ms:  # the stage clock counts the timed forwards alone
@@ -202,10 +205,9 @@ def main(args) -> dict:
                                        for _ in settings)
                         per_setting = time_forwards(draft, args, bs, settings, clocks)
                         gemm = gemm_ms(model, bs, path)
-                        for setting, clock, times in zip(settings, clocks, per_setting):
+                        for (setting, _), clock, times in zip(settings, clocks, per_setting):
                             times = times[args.warmup:]
-                            label = path if len(settings) == 1 else \
-                                f"{path} {setting_label(setting)}"
+                            label = path if len(settings) == 1 else f"{path} {setting}"
                             rows.append(forward_row(name, dtype, n, bs, label, times,
                                                     (clock / max(1, len(times))).tolist(),
                                                     floor, gemm, bandwidth))
@@ -263,9 +265,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--settings", default="default",
                         help="';'-separated settings of environment variables the kernels read "
-                             "at each call, each ','-joined VAR=value pairs, timed in turns "
-                             "forward by forward (a row each), e.g. "
-                             "'VLLM_CPU_DECODE_TEAM=1;VLLM_CPU_DECODE_TEAM=0'")
+                             "at each call, each an optional LABEL: and ','-joined VAR=value "
+                             "pairs, timed in turns forward by forward (a row each, its path "
+                             "labelled), e.g. 'team:VLLM_CPU_DECODE_TEAM=1;"
+                             "no team:VLLM_CPU_DECODE_TEAM=0'")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--output-json", default=None)
     add_plot_args(parser)

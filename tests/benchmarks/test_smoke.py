@@ -143,16 +143,16 @@ def test_benchmark_draft_settings_in_turns(tmp_path, tiny_llama):
     out = tmp_path / "d.json"
     run("benchmark_draft.py", "--model", tiny_llama, "--dtypes", "bfloat16", "--threads", "1",
         "--context", "16", "--num-forwards", "6", "--warmup", "2", "--paths", "fused",
-        "--settings", "VLLM_CPU_DECODE_TEAM=1;VLLM_CPU_DECODE_TEAM=0,VLLM_CPU_DECODE_SPLIT_ELEMS=0",
-        "--output-json", str(out))
+        "--settings", "team:VLLM_CPU_DECODE_TEAM=1;VLLM_CPU_DECODE_TEAM=0,"
+        "VLLM_CPU_DECODE_SPLIT_ELEMS=0", "--output-json", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [r["path"] for r in rows] == [
-        "fused VLLM_CPU_DECODE_TEAM=1",
-        "fused VLLM_CPU_DECODE_TEAM=0,VLLM_CPU_DECODE_SPLIT_ELEMS=0"]
+        "fused team", "fused VLLM_CPU_DECODE_TEAM=0,VLLM_CPU_DECODE_SPLIT_ELEMS=0"]
     for row in rows:
         assert 0 < row["min"] <= row["ms_per_forward"] and row["stage_ms"]["attention"] > 0
     from benchmarks.benchmark_draft import parse_settings
-    assert parse_settings("default;A=1,B=2") == [{}, {"A": "1", "B": "2"}]
+    assert parse_settings("default;A=1,B=2;b:A=3") == [
+        ("default", {}), ("A=1,B=2", {"A": "1", "B": "2"}), ("b", {"A": "3"})]
     with pytest.raises(ValueError, match="expected VAR=value, got 'TEAM'"):
         parse_settings("TEAM")
 
