@@ -12,7 +12,9 @@
 #   an 80 GB card so);
 #   gemv: benchmarks/benchmark_gemv_cuda.py at GEMV_ROWS; attn: benchmarks/benchmark_attention_cuda.py
 #   at each of ATTN_VARIANTS (as PROFILE_VARIANTS, comma-joined settings); draft: DRAFT_THREADS, DRAFT_PATHS,
-#   DRAFT_TAG a suffix for its files, DRAFT_PROFILE=1 for an op profile of each shape's batch-8
+#   DRAFT_TAG a suffix for its files, DRAFT_SETTINGS settings timed in turns (benchmark_draft.py
+#   --settings, e.g. "team:VLLM_CPU_DECODE_TEAM=1;no team:VLLM_CPU_DECODE_TEAM=0"),
+#   DRAFT_PROFILE=1 for an op profile of each shape's batch-8
 #   step at all cores; the fused rows print decode_layers' time by stage)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too, PAIR_CONTROL_K=k a fixed-k row again after the rest,
@@ -39,8 +41,9 @@
 #   all held in run 30's one call): on an H200 if one comes, the whole CUDA suite and
 #   PROFILE_SHAPES="llama-2-7b llama-2-13b codellama-34b" ... profile (34B with
 #   PROFILE_GPU_UTIL=0.95 on an 80 GB card) to confirm the table there; for issue 10 the draft
-#   stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused) twice in turns with VLLM_CPU_DECODE_TEAM=1 and
-#   0 (run 30's one A/B had one row against the team, llama-68m at 8 threads), then the trained
+#   stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused DRAFT_SETTINGS="team:VLLM_CPU_DECODE_TEAM=1;no
+#   team:VLLM_CPU_DECODE_TEAM=0": in turns; run 30's one A/B had one row against the team,
+#   llama-68m at 8 threads), then the trained
 #   pairs (pair, PAIR_SHAPE=llama-2-13b too: the CPU draft against the same draft on the GPU at
 #   every k, drafting ahead at k = 4) with the team on.
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
@@ -195,7 +198,7 @@ if want draft; then
   done
   "$PY" benchmarks/benchmark_draft.py --model /tmp/draft-20m,/tmp/llama-68m,/tmp/smollm2-135m \
     --load-format dummy --dtypes bfloat16 --threads "${DRAFT_THREADS:-1,2,4,8,16}" --batch-sizes 1,8 \
-    --paths "${DRAFT_PATHS:-fused,native}" --num-forwards 48 \
+    --paths "${DRAFT_PATHS:-fused,native}" --num-forwards 48 --settings "${DRAFT_SETTINGS:-default}" \
     --output-json "$OUT_DIR/draft_forward${DRAFT_TAG:-}.json" \
     > "$OUT_DIR/draft_forward${DRAFT_TAG:-}.log" 2>&1 || status=1
   grep -E "thr  batch|by stage" "$OUT_DIR/draft_forward${DRAFT_TAG:-}.log" | tail -90
