@@ -47,7 +47,8 @@ def make_draft(args, model: str, dtype: str) -> DraftModelProposer:
     draft itself; its thread count is set per row here (the start-up pick is measured apart)."""
     engine_args = EngineArgs(model=model, device="cpu", dtype=dtype,
                              load_format=args.load_format,
-                             max_model_len=args.context + forwards_per_setting(args) + 16,
+                             max_model_len=(args.context + 16 + args.num_forwards
+                                            * len(parse_settings(args.settings))),
                              max_num_seqs=max(args.batch_sizes),
                              speculative_model=model, num_speculative_tokens=1,
                              cpu_draft_worker=True, speculative_draft_dtype=dtype,
@@ -79,11 +80,6 @@ def parse_settings(text: str) -> list[tuple[str, dict]]:
     return settings
 
 
-def forwards_per_setting(args) -> int:
-    """The forwards a sequence takes at one batch size: num_forwards under each setting."""
-    return args.num_forwards * len(parse_settings(args.settings))
-
-
 def time_forwards(draft: DraftModelProposer, args, batch_size: int,
                   settings: tuple = (("", {}),), stage_ms: tuple = (None,)
                   ) -> list[list[float]]:
@@ -100,7 +96,7 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
     draft.propose(reqs, [1] * len(reqs)).result()  # the context's forward (a prefill)
     for req in reqs:
         if not draft.block_manager.grow(draft.seqs[req.req_id].block_ids,
-                                        args.context + forwards_per_setting(args) + 2):
+                                        args.context + args.num_forwards * len(settings) + 2):
             raise ValueError("the draft's KV cache is too small: raise VLLM_CPU_KVCACHE_SPACE")
     times = [[] for _ in settings]
     saved = {name: os.environ.get(name) for _, setting in settings for name in setting}
