@@ -1,7 +1,7 @@
 // silu_and_mul on the CPU: out = silu(gate) * up in one pass over [num_tokens, 2 * d].
 #include "core/checks.h"
+#include "cpu/row_ops.h"
 #include "cpu/team.h"
-#include "cpu/vec.h"
 #include "ops.h"
 
 namespace vllm_cpu {
@@ -13,17 +13,9 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
   VLLM_CPU_DISPATCH_FLOAT_TYPES(input.scalar_type(), "silu_and_mul", [&] {
     scalar_t* o = out.data_ptr<scalar_t>();
     const scalar_t* x = input.data_ptr<scalar_t>();
-    const fVec one(1.f);
     parallel_for(0, num_tokens, grain_for(2 * d), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        const scalar_t* gate = x + t * 2 * d;
-        const scalar_t* up = gate + d;
-        for_each_vec(d, [&](int64_t i, int w) {
-          fVec g = load_any(gate + i, w);
-          // silu is rounded to T before the product, as torch's silu(gate) * up is.
-          fVec silu = round_to<scalar_t>(g / (one + g.neg().exp()));
-          store_any(o + t * d + i, silu * load_any(up + i, w), w);
-        });
+        silu_mul_span(o + t * d, x + t * 2 * d, x + t * 2 * d + d, d);
       }
     });
   });

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cpu/layer_folds.h"
 #include "cpu/linear.h"
 #include "cpu/team.h"
 #include "cpu/vec.h"
@@ -99,6 +100,30 @@ bool team_enabled() {
   return false;
 }
 
+// VLLM_CPU_DECODE_FOLD (read at every call; default on): the norms and silu_and_mul folded into
+// the packed linears' loops (layer_folds.h) where every linear of the step runs the packed tiles;
+// 0: each its own loop.
+bool folds_apply(const at::Tensor& hidden, const std::vector<at::Tensor>& weights,
+                 const std::vector<at::Tensor>& packed, int64_t num_layers, int64_t rows) {
+  const char* v = std::getenv("VLLM_CPU_DECODE_FOLD");
+  TORCH_CHECK(v == nullptr || std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0,
+              "VLLM_CPU_DECODE_FOLD must be 0 or 1, got '", v, "'");
+  if ((v != nullptr && std::strcmp(v, "0") == 0) || packed.empty() ||
+      !linear_rows_folds(hidden.scalar_type(), rows)) {
+    return false;
+  }
+  for (int64_t l = 0; l < num_layers; ++l) {
+    for (int64_t j = 0; j < kPackedPerLayer; ++j) {
+      if (packed[l * kPackedPerLayer + j].numel() == 0) return false;
+    }
+    // gate and up each whole panels (a task computes the same panels of both); a weight of a
+    // wrong shape is named by the step's checks
+    const at::Tensor& gate_up_w = weights[l * kTensorsPerLayer + 5];
+    if (gate_up_w.dim() != 2 || gate_up_w.size(0) % (2 * kPackRows) != 0) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
@@ -122,17 +147,50 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
               packed.size(), " for ", num_layers, " layers");
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), "hidden must be [num_tokens, hidden]");
   const int64_t m = hidden.size(0);
+  const bool fold = folds_apply(hidden, weights, packed, num_layers, m);
   // the layers and the final norm; the residual's copy and the scratch rows are made inside
   // it as well (made before the team's region, the 2-core machine's SmolLM2-135M forward took
   // 11.01 ms with the team against 10.43 with them inside)
   const auto step = [&] {
     const int64_t q_size = num_heads * head_size, kv_size = num_kv_heads * head_size;
     const auto opts = hidden.options();
-    at::Tensor residual = hidden.clone();
-    at::Tensor x = hidden;  // the current layer input, normalised in place
+    // The residual stream: unfolded, res[0] (the norms write the next layer input into hidden
+    // in place); folded, res[cur], the folds writing the next sum into the other one (the
+    // linears' threads read res[cur] meanwhile), hidden holding the o and down projections.
+    at::Tensor res[2] = {fold ? at::empty_like(hidden) : hidden.clone(), at::Tensor()};
+    if (fold) res[1] = at::empty_like(hidden);
+    int cur = -1;  // folded: the res holding the stream (-1: none before the first norm)
+    at::Tensor x = hidden;  // the current layer input, normalised in place (unfolded)
     at::Tensor attn = at::empty({m, num_heads, head_size}, opts);
     // the layers' scratch rows, made at the first layer (and again where a layer's sizes differ)
     at::Tensor qkv = at::empty({m, 0}, opts), gate_up = at::empty({m, 0}, opts), act;
+    // out = norm(...) @ w^T (+ b), then act = silu_and_mul(out) where act is given: folded
+    // into the linear's loop, or in turn
+    const auto norm_linear = [&](const at::Tensor& norm_w, bool first, at::Tensor& out,
+                                 const at::Tensor& w, const at::Tensor* b, const at::Tensor* p,
+                                 at::Tensor* silu_out, DecodeStage stage) {
+      if (fold) {
+        const int next = cur == 0 ? 1 : 0;
+        LayerFold f(hidden, cur < 0 ? nullptr : &res[cur], res[next], norm_w, epsilon, out,
+                    silu_out);
+        linear_rows(out, hidden, w, b, p, &f);
+        cur = next;
+        clock.mark(stage);
+        return;
+      }
+      if (first) {
+        rms_norm(x, res[0], norm_w, epsilon);
+      } else {
+        fused_add_rms_norm(x, res[0], norm_w, epsilon);
+      }
+      clock.mark(kStageNorms);
+      linear_rows(out, x, w, b, p);
+      clock.mark(stage);
+      if (silu_out != nullptr) {
+        silu_and_mul(*silu_out, out);
+        clock.mark(kStageSilu);
+      }
+    };
     for (int64_t l = 0; l < num_layers; ++l) {
       const at::Tensor* w = weights.data() + l * kTensorsPerLayer;
       const at::Tensor& qkv_w = w[1];
@@ -145,15 +203,9 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
       TORCH_CHECK(qkv_b == nullptr || (qkv_b->dim() == 1 && qkv_b->size(0) == qkv_w.size(0) &&
                                        qkv_b->scalar_type() == hidden.scalar_type()),
                   "layer ", l, ": qkv bias must be [", qkv_w.size(0), "] of the hidden's dtype");
-      if (l == 0) {
-        rms_norm(x, residual, w[0], epsilon);
-      } else {
-        fused_add_rms_norm(x, residual, w[0], epsilon);
-      }
-      clock.mark(kStageNorms);
       if (qkv.size(1) != qkv_w.size(0)) qkv = at::empty({m, qkv_w.size(0)}, opts);
-      linear_rows(qkv, x, qkv_w, qkv_b, packed_of(packed, l, 0, qkv_w));
-      clock.mark(kStageQkv);
+      norm_linear(w[0], l == 0, qkv, qkv_w, qkv_b, packed_of(packed, l, 0, qkv_w), nullptr,
+                  kStageQkv);
       at::Tensor q = qkv.narrow(1, 0, q_size);
       at::Tensor k = qkv.narrow(1, q_size, kv_size);
       at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size);
@@ -170,21 +222,17 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
       at::Tensor attn2 = attn.view({m, q_size});
       linear_rows(x, attn2, w[3], nullptr, packed_of(packed, l, 1, w[3]));
       clock.mark(kStageO);
-      fused_add_rms_norm(x, residual, w[4], epsilon);
-      clock.mark(kStageNorms);
       const at::Tensor& gate_up_w = w[5];
       if (gate_up.size(1) != gate_up_w.size(0)) {
         gate_up = at::empty({m, gate_up_w.size(0)}, opts);
         act = at::empty({m, gate_up_w.size(0) / 2}, opts);
       }
-      linear_rows(gate_up, x, gate_up_w, nullptr, packed_of(packed, l, 2, gate_up_w));
-      clock.mark(kStageGateUp);
-      silu_and_mul(act, gate_up);
-      clock.mark(kStageSilu);
+      norm_linear(w[4], false, gate_up, gate_up_w, nullptr, packed_of(packed, l, 2, gate_up_w),
+                  &act, kStageGateUp);
       linear_rows(x, act, w[6], nullptr, packed_of(packed, l, 3, w[6]));
       clock.mark(kStageDown);
     }
-    fused_add_rms_norm(x, residual, final_norm, epsilon);
+    fused_add_rms_norm(x, res[fold ? cur : 0], final_norm, epsilon);
     clock.mark(kStageNorms);
   };
   // The layers in one parallel region where every linear of the step is this extension's own

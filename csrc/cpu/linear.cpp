@@ -406,10 +406,12 @@ bool linear_small_pays(at::ScalarType dtype, int64_t rows) {
 
 }  // namespace
 
+bool linear_rows_folds(at::ScalarType dtype, int64_t rows) {
+  return packed_weights_apply(dtype) && rows >= kPackedMinRows && rows <= kSmallMaxRows;
+}
+
 bool linear_rows_in_house(at::ScalarType dtype, int64_t rows, bool packed) {
-  return (packed && packed_weights_apply(dtype) && rows >= kPackedMinRows &&
-          rows <= kSmallMaxRows) ||
-         linear_small_pays(dtype, rows);
+  return (packed && linear_rows_folds(dtype, rows)) || linear_small_pays(dtype, rows);
 }
 
 bool has_bf16_dot() {
@@ -466,8 +468,13 @@ template void linear_small_impl<c10::BFloat16>(c10::BFloat16*, int64_t, const c1
                                                const c10::BFloat16*, int64_t, int64_t, int64_t);
 
 void linear_rows(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
-                 const at::Tensor* bias, const at::Tensor* packed) {
+                 const at::Tensor* bias, const at::Tensor* packed, const LinearFold* fold) {
   const int64_t rows = input.size(0);
+  TORCH_CHECK(fold == nullptr ||
+                  (packed != nullptr && linear_rows_folds(weight.scalar_type(), rows)),
+              "linear_rows: a fold needs the packed tiles (bf16 on AVX512_BF16, packed weights, ",
+              kPackedMinRows, "-", kSmallMaxRows, " rows), got ", rows, " rows of ",
+              weight.scalar_type());
   if (packed != nullptr && rows >= kPackedMinRows && rows <= kSmallMaxRows &&
       weight.scalar_type() == at::kBFloat16) {
     auto* o = out.data_ptr<c10::BFloat16>();
@@ -478,9 +485,9 @@ void linear_rows(at::Tensor& out, const at::Tensor& input, const at::Tensor& wei
     // packed tiles were 0.83-0.97x)
     const auto* p = packed->data_ptr<c10::BFloat16>();
     if (linear_amx_packed_bf16(o, out.stride(0), x, input.stride(0), p, b, rows,
-                               weight.size(0), weight.size(1)) ||
+                               weight.size(0), weight.size(1), fold) ||
         linear_packed_bf16(o, out.stride(0), x, input.stride(0), p, b, rows, weight.size(0),
-                           weight.size(1))) {
+                           weight.size(1), fold)) {
       return;
     }
   }

@@ -42,14 +42,42 @@ template <typename T>
 void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T* weight,
                        const T* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim);
 
+// What decode_layers folds into a packed linear's parallel loop, so that each thread does it for
+// itself instead of the step handing over between cores once more (layer_folds.h): the norm
+// that makes the linear's input rows, and silu_and_mul of its two output halves (gate, up).
+class LinearFold {
+ public:
+  virtual ~LinearFold() = default;
+  // The input rows the calling thread reads (row stride in *ld), made on its first call in a
+  // loop; nullptr: the linear's own input. first: the thread's chunk holds the loop's first
+  // task (what is written once, the residual, is written there).
+  virtual const c10::BFloat16* input(bool first, int64_t* ld) const {
+    (void)first;
+    (void)ld;
+    return nullptr;
+  }
+  // Whether out's columns are two halves (gate, up) that a task computes together: then
+  // output(n0, n1) runs after the task wrote columns [n0, n1) of both.
+  virtual bool paired() const { return false; }
+  virtual void output(int64_t n0, int64_t n1) const {
+    (void)n0;
+    (void)n1;
+  }
+};
+
 // out = input @ weight^T (+ bias) for [rows, in] tensors of contiguous rows: linear_small_impl
 // where it pays, torch's GEMM elsewhere; with `packed` (pack_linear's copy of weight, non-empty)
-// the packed tiles where those pay. What the linear_small op and decode_layers run.
+// the packed tiles where those pay. What the linear_small op and decode_layers run. fold: only
+// where linear_rows_folds says the packed tiles run (else an error).
 void linear_rows(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
-                 const at::Tensor* bias, const at::Tensor* packed = nullptr);
+                 const at::Tensor* bias, const at::Tensor* packed = nullptr,
+                 const LinearFold* fold = nullptr);
 // Whether linear_rows runs this extension's kernels (not torch's GEMM) for `rows` rows of
 // `dtype`, with or without packed copies of the weights.
 bool linear_rows_in_house(at::ScalarType dtype, int64_t rows, bool packed);
+// Whether linear_rows runs the packed tiles (and so takes a fold) for `rows` rows of `dtype`
+// with packed copies of the weights.
+bool linear_rows_folds(at::ScalarType dtype, int64_t rows);
 
 // The packed layout (linear_packed.cpp): [ceil(N / kPackRows), ceil(K / 2) * 2 * kPackRows], a
 // 64-byte vector per column pair of kPackRows weight rows, zeros past N and K.
@@ -75,11 +103,29 @@ inline int64_t panels_per_task(int64_t panels, int64_t most, int64_t threads) {
 }
 // Throws unless packed is empty (not packed) or pack_linear's copy of weight.
 void check_packed(const at::Tensor& packed, const at::Tensor& weight);
+// A packed linear's kernel (the AVX512_BF16 tiles below, linear_amx.cpp's AMX tiles): run
+// writes out's columns of panels pb .. pb + nb (nb <= most) from input rows x, on the calling
+// thread, between begin() and end() (once a chunk of tasks: the AMX tile configuration).
+class PanelKernel {
+ public:
+  explicit PanelKernel(int64_t most) : most(most) {}
+  virtual ~PanelKernel() = default;
+  virtual void begin() const {}
+  virtual void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx) const = 0;
+  virtual void end() const {}
+  const int64_t most;
+};
+// A packed linear of n_dim outputs and k_dim inputs as one parallel loop over tasks of panels
+// (panels_per_task; at least ~32 KB of weights a thread), each thread's input rows from fold
+// where given; with a paired fold, task i computes the same panels of both halves of out.
+void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, int64_t n_dim,
+                int64_t k_dim, const LinearFold* fold);
+
 // out [m, n] (row stride ldo) = x [m, k] (row stride ldx) @ W^T (+ bias) from W's packed copy;
 // false where it did nothing (no AVX512_BF16).
 bool linear_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_t ldx,
                         const c10::BFloat16* packed, const c10::BFloat16* bias, int64_t m_dim,
-                        int64_t n_dim, int64_t k_dim);
+                        int64_t n_dim, int64_t k_dim, const LinearFold* fold = nullptr);
 
 // The same for bf16 on AMX tiles (linear_amx.cpp), where the CPU has them and the shape suits
 // (VLLM_CPU_AMX: 8-16 rows by default; K a multiple of 32); false where it did nothing.
@@ -91,6 +137,7 @@ bool linear_amx_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* input
 // groups of A tiles against each panel, the panels read once).
 bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
                             int64_t ldx, const c10::BFloat16* packed, const c10::BFloat16* bias,
-                            int64_t m_dim, int64_t n_dim, int64_t k_dim);
+                            int64_t m_dim, int64_t n_dim, int64_t k_dim,
+                            const LinearFold* fold = nullptr);
 
 }  // namespace vllm_cpu

@@ -350,97 +350,86 @@ void write_panels(c10::BFloat16* out, int64_t ldo, const float* c, const c10::BF
   }
 }
 
-// linear_amx_packed_bf16 for 1 .. kMaxPackedRows rows: one pass over the panels.
-void packed_rows_amx(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_t ldx,
-                     const c10::BFloat16* packed, const c10::BFloat16* bias, int64_t m_dim,
-                     int64_t n_dim, int64_t k_dim) {
-  const int64_t pairs = k_dim / 2, steps = k_dim / kTileK;
-  const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
-  if (m_dim > kMaxRows) {  // two row groups, two panels a pass (packed_panels_amx2) or one
-    const int64_t per = panels_per_task(panels, 2, at::get_num_threads());
-    const int64_t groups = (panels + per - 1) / per;
-    const int64_t grain =
-        std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * per));
-    const auto m1 = static_cast<uint8_t>(m_dim - kMaxRows);
-    parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+// The packed copy on AMX tiles as a PanelKernel, for m_dim input rows: to 16, 4 panels a task
+// (an accumulator tile each, packed_panels_amx); 17-32, two row groups against 2 panels
+// (packed_panels_amx2); 33-64 (a batch of 8 verifying 4 drafts each: 40), 3-4 row groups
+// against a panel at a time (packed_panel_groups_amx), each panel read once.
+class AmxPanels final : public PanelKernel {
+ public:
+  AmxPanels(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* packed,
+            const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim)
+      : PanelKernel(m_dim <= kMaxRows ? kPackedPanels : m_dim <= kMaxPackedRows ? 2 : 1),
+        out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim), n_(n_dim),
+        pairs_(k_dim / 2), steps_(k_dim / kTileK),
+        groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)) {}
+
+  void begin() const override {
+    if (m_ <= kMaxRows) {
+      const auto m = static_cast<uint8_t>(m_);
+      load_tile_config({m, m, m, m, m, 16, 16, 16});
+    } else if (m_ <= kMaxPackedRows) {
+      const auto m1 = static_cast<uint8_t>(m_ - kMaxRows);
       load_tile_config({16, 16, m1, m1, 16, m1, 16, 16});
-      alignas(64) float c[4 * 256];
-      for (int64_t g = begin; g < end; ++g) {
-        const int64_t pb = per * g;
-        const int nb = static_cast<int>(std::min<int64_t>(per, panels - pb));
-        if (nb == 2) {
-          packed_panels_amx2<2>(c, x, ldx, packed, pairs, steps, pb);
-        } else {
-          packed_panels_amx2<1>(c, x, ldx, packed, pairs, steps, pb);
-        }
-        write_panels(out, ldo, c, bias, kMaxRows, n_dim, pb, nb);
-        write_panels(out + kMaxRows * ldo, ldo, c + 256 * nb, bias, m1, n_dim, pb, nb);
+    } else {
+      const auto last = static_cast<uint8_t>(m_ - (groups_ - 1) * kTileRows);
+      if (groups_ == 3) {
+        load_tile_config({16, 16, last, 0, 16, 16, last, 0});
+      } else {
+        load_tile_config({16, 16, 16, last, 16, 16, last, 0});
       }
-      release_tiles();
-    });
-    return;
-  }
-  // 4 panels a task (an accumulator tile each), or fewer where they spread better
-  const int64_t per = panels_per_task(panels, kPackedPanels, at::get_num_threads());
-  const int64_t groups = (panels + per - 1) / per;
-  // at least ~32 KB of weights per thread, as the GEMV
-  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * per));
-  const auto m = static_cast<uint8_t>(m_dim);
-  parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
-    load_tile_config({m, m, m, m, m, 16, 16, 16});
-    alignas(64) float c[kPackedPanels * 256];
-    for (int64_t g = begin; g < end; ++g) {
-      const int64_t pb = g * per;
-      const int nb = static_cast<int>(std::min<int64_t>(per, panels - pb));
-      for_rows_left<kPackedPanels>(nb, [&](auto panels_now) {
-        packed_panels_amx<decltype(panels_now)::value>(c, x, ldx, packed, pairs, steps, pb);
-      });
-      write_panels(out, ldo, c, bias, m_dim, n_dim, pb, nb);
     }
-    release_tiles();
-  });
-}
+  }
+
+  void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx) const override {
+    alignas(64) float c[4 * 256];
+    if (m_ <= kMaxRows) {
+      for_rows_left<kPackedPanels>(nb, [&](auto panels_now) {
+        packed_panels_amx<decltype(panels_now)::value>(c, x, ldx, packed_, pairs_, steps_, pb);
+      });
+      write_panels(out_, ldo_, c, bias_, m_, n_, pb, nb);
+    } else if (m_ <= kMaxPackedRows) {
+      if (nb == 2) {
+        packed_panels_amx2<2>(c, x, ldx, packed_, pairs_, steps_, pb);
+      } else {
+        packed_panels_amx2<1>(c, x, ldx, packed_, pairs_, steps_, pb);
+      }
+      write_panels(out_, ldo_, c, bias_, kMaxRows, n_, pb, nb);
+      write_panels(out_ + kMaxRows * ldo_, ldo_, c + 256 * nb, bias_, m_ - kMaxRows, n_, pb, nb);
+    } else {
+      const int64_t last = m_ - (groups_ - 1) * kTileRows;
+      if (groups_ == 3) {
+        packed_panel_groups_amx<3>(c, x, ldx, packed_, pairs_, steps_, pb);
+      } else {
+        packed_panel_groups_amx<4>(c, x, ldx, packed_, pairs_, steps_, pb);
+      }
+      for (int g = 0; g < groups_; ++g) {
+        write_panels(out_ + g * kTileRows * ldo_, ldo_, c + 256 * g, bias_,
+                     g + 1 < groups_ ? kTileRows : last, n_, pb, 1);
+      }
+    }
+  }
+
+  void end() const override { release_tiles(); }
+
+ private:
+  c10::BFloat16* out_;
+  int64_t ldo_;
+  const c10::BFloat16 *packed_, *bias_;
+  int64_t m_, n_, pairs_, steps_;
+  int groups_;
+};
 
 }  // namespace
 
 bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
                             int64_t ldx, const c10::BFloat16* packed, const c10::BFloat16* bias,
-                            int64_t m_dim, int64_t n_dim, int64_t k_dim) {
+                            int64_t m_dim, int64_t n_dim, int64_t k_dim,
+                            const LinearFold* fold) {
   if (m_dim > kSmallMaxRows || m_dim < amx_min_rows() || k_dim % kTileK != 0 ||
       !amx_usable()) {
     return false;
   }
-  if (m_dim <= kMaxPackedRows) {
-    packed_rows_amx(out, ldo, x, ldx, packed, bias, m_dim, n_dim, k_dim);
-    return true;
-  }
-  // 33-64 rows (a batch of 8 verifying 4 drafts each: 40): 3-4 row groups, a panel a pass
-  // (packed_panel_groups_amx), each panel read once
-  const int64_t pairs = k_dim / 2, steps = k_dim / kTileK;
-  const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
-  const int groups = static_cast<int>((m_dim + kTileRows - 1) / kTileRows);
-  const auto last = static_cast<uint8_t>(m_dim - (groups - 1) * kTileRows);
-  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows));
-  parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
-    if (groups == 3) {
-      load_tile_config({16, 16, last, 0, 16, 16, last, 0});
-    } else {
-      load_tile_config({16, 16, 16, last, 16, 16, last, 0});
-    }
-    alignas(64) float c[4 * 256];
-    for (int64_t pb = begin; pb < end; ++pb) {
-      if (groups == 3) {
-        packed_panel_groups_amx<3>(c, x, ldx, packed, pairs, steps, pb);
-      } else {
-        packed_panel_groups_amx<4>(c, x, ldx, packed, pairs, steps, pb);
-      }
-      for (int g = 0; g < groups; ++g) {
-        write_panels(out + g * kTileRows * ldo, ldo, c + 256 * g, bias,
-                     g + 1 < groups ? kTileRows : last, n_dim, pb, 1);
-      }
-    }
-    release_tiles();
-  });
+  run_panels(AmxPanels(out, ldo, packed, bias, m_dim, n_dim, k_dim), x, ldx, n_dim, k_dim, fold);
   return true;
 }
 
@@ -448,7 +437,7 @@ bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16
 
 bool linear_amx_packed_bf16(c10::BFloat16*, int64_t, const c10::BFloat16*, int64_t,
                             const c10::BFloat16*, const c10::BFloat16*, int64_t, int64_t,
-                            int64_t) {
+                            int64_t, const LinearFold*) {
   return false;
 }
 

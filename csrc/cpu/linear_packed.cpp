@@ -134,36 +134,78 @@ VLLM_BF16_TARGET void packed_panels(c10::BFloat16* out, int64_t ldo, const c10::
   });
 }
 
+// The tiles above as a PanelKernel: 2 panels a task (a tile), or 1.
+class PackedTiles final : public PanelKernel {
+ public:
+  PackedTiles(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* packed,
+              const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim)
+      : PanelKernel(kPanels), out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim),
+        n_(n_dim), k_(k_dim) {}
+  void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx) const override {
+    if (nb == kPanels) {
+      packed_panels<kPanels>(out_, ldo_, x, ldx, packed_, bias_, m_, n_, k_, pb);
+    } else {
+      packed_panels<1>(out_, ldo_, x, ldx, packed_, bias_, m_, n_, k_, pb);
+    }
+  }
+
+ private:
+  c10::BFloat16* out_;
+  int64_t ldo_;
+  const c10::BFloat16 *packed_, *bias_;
+  int64_t m_, n_, k_;
+};
+
 }  // namespace
 
 bool linear_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_t ldx,
                         const c10::BFloat16* packed, const c10::BFloat16* bias, int64_t m_dim,
-                        int64_t n_dim, int64_t k_dim) {
+                        int64_t n_dim, int64_t k_dim, const LinearFold* fold) {
   if (!has_bf16_dot()) return false;
-  const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
-  // 2 panels a task (a tile), or 1 where that spreads them better over the threads
-  const int64_t per = panels_per_task(panels, kPanels, at::get_num_threads());
-  const int64_t tasks = (panels + per - 1) / per;
-  // contiguous blocks of tasks per thread, at least ~32 KB of weights each
-  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * 2 * kPackRows * per));
-  parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t pb = t * per;
-      if (pb + kPanels <= panels && per == kPanels) {
-        packed_panels<kPanels>(out, ldo, x, ldx, packed, bias, m_dim, n_dim, k_dim, pb);
-      } else {
-        packed_panels<1>(out, ldo, x, ldx, packed, bias, m_dim, n_dim, k_dim, pb);
-      }
-    }
-  });
+  run_panels(PackedTiles(out, ldo, packed, bias, m_dim, n_dim, k_dim), x, ldx, n_dim, k_dim,
+             fold);
   return true;
 }
 #else
 bool linear_packed_bf16(c10::BFloat16*, int64_t, const c10::BFloat16*, int64_t,
-                        const c10::BFloat16*, const c10::BFloat16*, int64_t, int64_t, int64_t) {
+                        const c10::BFloat16*, const c10::BFloat16*, int64_t, int64_t, int64_t,
+                        const LinearFold*) {
   return false;
 }
 #endif
+
+void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, int64_t n_dim,
+                int64_t k_dim, const LinearFold* fold) {
+  const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
+  const bool paired = fold != nullptr && fold->paired();
+  TORCH_CHECK(!paired || n_dim % (2 * kPackRows) == 0, "a paired fold takes whole panels in ",
+              "each half of the output, got ", n_dim, " columns");
+  const int64_t span = paired ? panels / 2 : panels;  // the panels tasks are cut from
+  const int64_t per = panels_per_task(span, kernel.most, at::get_num_threads());
+  const int64_t tasks = (span + per - 1) / per;
+  // contiguous blocks of tasks per thread, at least ~32 KB of weights each
+  const int64_t task_bytes = k_dim * 2 * kPackRows * per * (paired ? 2 : 1);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / task_bytes);
+  parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
+    int64_t ld = ldx;
+    const c10::BFloat16* rows = fold != nullptr ? fold->input(begin == 0, &ld) : nullptr;
+    if (rows == nullptr) {
+      rows = x;
+      ld = ldx;
+    }
+    kernel.begin();
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t pb = t * per;
+      const int nb = static_cast<int>(std::min(per, span - pb));
+      kernel.run(pb, nb, rows, ld);
+      if (paired) {
+        kernel.run(span + pb, nb, rows, ld);
+        fold->output(pb * kPackRows, (pb + nb) * kPackRows);
+      }
+    }
+    kernel.end();
+  });
+}
 
 void linear_packed(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                    const at::Tensor& packed, const std::optional<at::Tensor>& bias) {

@@ -116,9 +116,9 @@ SHAPES = {
 }
 
 
-def make_model(shape: str, dtype: torch.dtype):
+def make_model(shape: str, dtype: torch.dtype, intermediate_size: int = 200):
     cls, config_cls, heads = SHAPES[shape]
-    config = config_cls(vocab_size=300, hidden_size=128, intermediate_size=200,
+    config = config_cls(vocab_size=300, hidden_size=128, intermediate_size=intermediate_size,
                         num_hidden_layers=3, max_position_embeddings=256, rms_norm_eps=1e-5,
                         tie_word_embeddings=shape.startswith("qwen2"), **heads)
     torch.manual_seed(0)
@@ -317,6 +317,51 @@ def test_team_changes_nothing(dtype, context_lens, q_lens, threads, monkeypatch)
         torch.set_num_threads(saved)
     monkeypatch.setenv("VLLM_CPU_DECODE_TEAM", "yes")
     with pytest.raises(RuntimeError, match="VLLM_CPU_DECODE_TEAM must be 0 or 1"):
+        run(model, caches, md, ids, positions, "fused", monkeypatch)
+
+
+@pytest.mark.skipif(not has_avx512_bf16(), reason="weights pack only on AVX512_BF16")
+@pytest.mark.parametrize("shape", ["llama-gqa", "qwen2-bias"])
+@pytest.mark.parametrize("context_lens,q_lens", [
+    ([9, 30], [1, 1]),  # 2 rows, the fewest the packed tiles take
+    ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes
+    ([20, 35, 5, 9], [5] * 4),  # 20 rows (AMX: two row groups)
+    ([30] * 8 + [9] * 2, [4] * 10),  # 40 rows (AMX: a panel at a time)
+])
+@pytest.mark.parametrize("amx", ["0", "auto"])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_folds_change_nothing(shape, context_lens, q_lens, amx, threads, monkeypatch):
+    """The norms and silu_and_mul folded into the packed linears' loops (VLLM_CPU_DECODE_FOLD=1,
+    layer_folds.h: each thread normalises the rows for itself, the first task's thread writes the
+    residual stream, each gate/up task finishes its own columns of silu(gate) * up) give the same
+    hidden states, logits and caches bit for bit as each op in its own loop (0), on the packed
+    AVX512_BF16 tiles and on AMX (where the CPU has it), with and without the team, at 2 and 3
+    threads; the folds ran (the stage clock's silu entry stays at zero with them, grows
+    without); a bad setting is refused by name."""
+    model, config = make_model(shape, torch.bfloat16, intermediate_size=256)
+    caches, md, positions = make_step(config, torch.bfloat16, context_lens, q_lens)
+    ids = torch.randint(0, config.vocab_size, (len(positions),),
+                        generator=torch.Generator().manual_seed(5))
+    monkeypatch.setenv("VLLM_CPU_AMX", amx)
+    monkeypatch.setenv("VLLM_CPU_DECODE_SPLIT_ELEMS", "1")  # the unfolded small ops split too
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        runs_under([{"VLLM_CPU_DECODE_FOLD": f, "VLLM_CPU_DECODE_TEAM": t}
+                    for f, t in (("0", "1"), ("1", "1"), ("1", "0"))], model, caches, md, ids,
+                   positions, monkeypatch)
+        silu = ops.DECODE_STAGES.index("silu")
+        for fold, folded in (("1", True), ("0", False)):
+            monkeypatch.setenv("VLLM_CPU_DECODE_FOLD", fold)
+            monkeypatch.setattr(cpu_decode, "stage_ms", torch.zeros(len(ops.DECODE_STAGES),
+                                                                    dtype=torch.float64))
+            run(model, caches, md, ids, positions, "fused", monkeypatch)
+            assert (cpu_decode.stage_ms[silu] == 0) == folded, (fold, cpu_decode.stage_ms)
+    finally:
+        torch.set_num_threads(saved)
+    monkeypatch.setattr(cpu_decode, "stage_ms", None)
+    monkeypatch.setenv("VLLM_CPU_DECODE_FOLD", "yes")
+    with pytest.raises(RuntimeError, match="VLLM_CPU_DECODE_FOLD must be 0 or 1"):
         run(model, caches, md, ids, positions, "fused", monkeypatch)
 
 

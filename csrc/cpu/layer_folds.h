@@ -1,0 +1,76 @@
+// The norms and silu_and_mul of a decode_layers step folded into its packed linears' loops
+// (LinearFold, linear.h), so that a layer hands its rows between cores at 5 loops instead of 8
+// (norm, qkv, ..., o, norm, gate/up, silu, down): each thread of the qkv and gate/up linears
+// normalises the step's few rows for itself (a few KB, read from cache) into a buffer of its
+// own, the thread whose chunk holds the first task writing the residual stream; each thread of
+// gate/up turns its own columns of gate and up into silu(gate) * up. The row functions are the
+// ops' own (row_ops.h): the same bits as the unfolded step.
+#pragma once
+
+#include <vector>
+
+#include "cpu/linear.h"
+#include "cpu/row_ops.h"
+
+namespace vllm_cpu {
+
+class LayerFold final : public LinearFold {
+  using T = c10::BFloat16;
+
+ public:
+  // The norm: x (rows x hidden, contiguous: the last linear's output) added to residual (null
+  // at the first layer, where x is the residual stream) into residual_out, normalised by
+  // weight. silu (act non-null): act[r, c] = silu(out[r, c]) * out[r, d + c], d = act's
+  // columns, out being the linear's output (gate, then up).
+  LayerFold(const at::Tensor& x, const at::Tensor* residual, at::Tensor& residual_out,
+            const at::Tensor& weight, double epsilon, const at::Tensor& out,
+            at::Tensor* act)
+      : x_(x.data_ptr<T>()), residual_(residual != nullptr ? residual->data_ptr<T>() : nullptr),
+        residual_out_(residual_out.data_ptr<T>()), weight_(weight.data_ptr<T>()),
+        rows_(x.size(0)), hidden_(x.size(1)), epsilon_(static_cast<float>(epsilon)),
+        out_(out.data_ptr<T>()), ldo_(out.stride(0)),
+        act_(act != nullptr ? act->data_ptr<T>() : nullptr),
+        lda_(act != nullptr ? act->stride(0) : 0), d_(act != nullptr ? act->size(1) : 0) {}
+
+  const T* input(bool first, int64_t* ld) const override {
+    thread_local std::vector<T> buf;  // the normalised rows, then the sums (not `first`)
+    buf.resize(static_cast<size_t>(2 * rows_ * hidden_));
+    T* normed = buf.data();
+    T* sums = first ? residual_out_ : normed + rows_ * hidden_;
+    for (int64_t r = 0; r < rows_; ++r) {
+      const int64_t o = r * hidden_;
+      if (residual_ == nullptr) {
+        rms_norm_row(normed + o, x_ + o, weight_, hidden_, epsilon_);
+        if (first) std::copy(x_ + o, x_ + o + hidden_, residual_out_ + o);
+      } else {
+        add_rms_norm_row(normed + o, sums + o, x_ + o, residual_ + o, weight_, hidden_,
+                         epsilon_);
+      }
+    }
+    *ld = hidden_;
+    return normed;
+  }
+
+  bool paired() const override { return act_ != nullptr; }
+
+  void output(int64_t n0, int64_t n1) const override {
+    for (int64_t r = 0; r < rows_; ++r) {
+      const T* gate = out_ + r * ldo_;
+      silu_mul_span(act_ + r * lda_ + n0, gate + n0, gate + d_ + n0, n1 - n0);
+    }
+  }
+
+ private:
+  const T* x_;
+  const T* residual_;
+  T* residual_out_;
+  const T* weight_;
+  int64_t rows_, hidden_;
+  float epsilon_;
+  const T* out_;
+  int64_t ldo_;
+  T* act_;
+  int64_t lda_, d_;
+};
+
+}  // namespace vllm_cpu
