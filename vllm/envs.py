@@ -90,12 +90,15 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                              "batch 1 at 16 threads: SmolLM2-135M 3.375 -> 2.489 ms, draft-20m "
                              "0.455 -> 0.362"),
     "VLLM_CPU_DECODE_FOLD": (_one_of("0", "1"), "1",
-                             "decode_layers folds its norms into the qkv and gate/up linears' "
-                             "loops (each thread normalises the step's rows for itself) and "
-                             "silu_and_mul into gate/up's (each task finishes its own columns), "
-                             "where every linear of the step runs the packed bf16 tiles (read "
-                             "by the kernel at each call; 0: each op its own loop): 5 hand-overs "
-                             "between cores a layer instead of 8, the same bits"),
+                             "decode_layers folds rotary and the cache write into the "
+                             "attention's tasks (each rotates its own query heads and writes "
+                             "the new keys it reads), and, where every linear of the step runs "
+                             "the packed bf16 tiles, its norms into the qkv and gate/up "
+                             "linears' loops (each thread normalises the step's rows for itself) "
+                             "and silu_and_mul into gate/up's (each task finishes its own "
+                             "columns) (read by the kernel at each call; 0: each op its own "
+                             "loop): 5 hand-overs between cores a layer instead of 10, the same "
+                             "bits"),
     "VLLM_CUDA_GEMV": (_gemv_rows, 8,
                        "CUDA linear layers and logits of few rows use vllm._C's linear_small "
                        "GEMV instead of torch's GEMM: off, on (steps of up to 8 rows, the "

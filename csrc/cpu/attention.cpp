@@ -1,9 +1,15 @@
 // paged_attention on the CPU: each task is (sequence, kv head, chunk of query tokens); it reads
 // each cached K and V row once for all the query heads of its GQA group (softmax(q k^T) v).
+// rotary_cache_attention (decode_layers): the same tasks rotate their own query and new key
+// heads and write their new keys and values into the caches first, in the same loop.
+#include <atomic>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "core/checks.h"
+#include "cpu/attention.h"
+#include "cpu/new_tokens.h"
 #include "cpu/team.h"
 #include "cpu/vec.h"
 #include "ops.h"
@@ -28,6 +34,23 @@ struct Task {
 struct Part {
   int64_t task, k_begin, k_end;
   float* partial;
+};
+
+// The step's new tokens, where the attention's tasks rotate and cache them themselves: their
+// query, key and value rows as the qkv linear left them (not rotated), row strides apart.
+template <typename T>
+struct NewTokens {
+  const T* query;
+  const T* key;
+  const T* value;
+  int64_t k_stride, v_stride;
+  const int64_t* positions;
+  const int64_t* slots;
+  const T* cos_sin;  // [max_position, rot_dim]: cos then sin
+  int64_t rot_dim;
+  bool is_neox;
+  T* key_cache;
+  T* value_cache;
 };
 
 template <typename T, int HEAD_SIZE>
@@ -77,6 +100,37 @@ struct AttentionTask {
   }
   void prefetch_rows(const T* cache, int64_t kv_head, int64_t j, int64_t n, int64_t end) const {
     for (int64_t i = j; i < std::min(j + n, end); ++i) prefetch_row(cache, kv_head, i);
+  }
+
+  // The task's query heads of its tokens, rotated, into buf (laid out as query; the kernel then
+  // reads them there): each part of a split task rotates its own copy.
+  void rotate_queries(const Task& task, int64_t q_start, const NewTokens<T>& nt, T* buf) const {
+    const int64_t group = num_heads / num_kv_heads;
+    for (int64_t i = q_start + task.q_begin; i < q_start + task.q_end; ++i) {
+      const T* cos = nt.cos_sin + nt.positions[i] * nt.rot_dim;
+      for (int64_t h = task.kv_head * group; h < (task.kv_head + 1) * group; ++h) {
+        const int64_t at = i * q_stride + h * HEAD_SIZE;
+        std::copy(nt.query + at, nt.query + at + HEAD_SIZE, buf + at);
+        rotate_head(buf + at, cos, cos + nt.rot_dim / 2, nt.rot_dim, nt.is_neox);
+      }
+    }
+  }
+
+  // The task's tokens' keys (rotated) and values of its KV head into their cache slots, as
+  // rotary_embedding then reshape_and_cache write them.
+  void cache_new_tokens(const Task& task, int64_t q_start, const NewTokens<T>& nt) const {
+    for (int64_t i = q_start + task.q_begin; i < q_start + task.q_end; ++i) {
+      const int64_t slot = nt.slots[i];
+      if (slot < 0) continue;  // a padding token
+      const int64_t row = ((slot / block_size) * num_kv_heads + task.kv_head) * block_size +
+                          (slot & (block_size - 1));
+      T* k = nt.key_cache + row * HEAD_SIZE;
+      const T* cos = nt.cos_sin + nt.positions[i] * nt.rot_dim;
+      std::copy_n(nt.key + i * nt.k_stride + task.kv_head * HEAD_SIZE, HEAD_SIZE, k);
+      rotate_head(k, cos, cos + nt.rot_dim / 2, nt.rot_dim, nt.is_neox);
+      std::copy_n(nt.value + i * nt.v_stride + task.kv_head * HEAD_SIZE, HEAD_SIZE,
+                  nt.value_cache + row * HEAD_SIZE);
+    }
   }
 
   // Row r's scores (its first first_visible + r / group) -> exp(s - max), unnormalised;
@@ -407,10 +461,13 @@ struct AttentionTask {
   }
 };
 
+// nt: the step's new tokens, rotated and cached by the tasks themselves (every sequence's
+// tokens one task: rotary_cache_attention checks); null: already in query and the caches.
 template <typename T, int HEAD_SIZE>
 void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
             const at::Tensor& value_cache, const at::Tensor& block_tables,
-            const at::Tensor& context_lens, const at::Tensor& query_start_loc, double scale) {
+            const at::Tensor& context_lens, const at::Tensor& query_start_loc, double scale,
+            const NewTokens<T>* nt) {
   const int64_t num_seqs = context_lens.size(0);
   const int64_t num_heads = query.size(1), num_kv_heads = key_cache.size(1);
   const int64_t group = num_heads / num_kv_heads;
@@ -481,39 +538,58 @@ void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cach
   for (int64_t p = 0, k = 0; p < static_cast<int64_t>(parts.size()); ++p) {
     if (parts[p].k_end > 0) parts[p].partial = partials.data() + (k++) * group * (HEAD_SIZE + 2);
   }
+  // a split task's first part and its parts' count; its merge runs on the thread that
+  // finishes its last part to finish (the counter), in the loop
+  std::vector<int64_t> first_part(num_tasks, 0), num_parts(num_tasks, 0);
+  for (int64_t p = static_cast<int64_t>(parts.size()) - 1; p >= 0; --p) {
+    first_part[parts[p].task] = p;
+    ++num_parts[parts[p].task];
+  }
+  std::unique_ptr<std::atomic<int64_t>[]> finished(new std::atomic<int64_t>[num_tasks]);
+  for (int64_t i = 0; i < num_tasks; ++i) finished[i].store(0, std::memory_order_relaxed);
   const int64_t grain = small ? std::max<int64_t>(1, static_cast<int64_t>(parts.size())) : 1;
   parallel_for(0, parts.size(), grain, [&](int64_t begin, int64_t end) {
     std::vector<float> q_rows, scores, acc;
+    thread_local std::vector<T> rotated;  // nt: this thread's rotated query rows
+    if (nt != nullptr) rotated.resize(static_cast<size_t>(query.size(0) * kernel.q_stride));
     auto local = kernel;
     for (int64_t i = begin; i < end; ++i) {
       const Part& part = parts[i];
       const Task& task = tasks[part.task];
+      const int64_t q_start = qsl[task.seq];
       local.block_table = tables + task.seq * max_blocks;
-      local.run(task, qsl[task.seq], qsl[task.seq + 1] - qsl[task.seq], ctx[task.seq], q_rows,
-                scores, acc, part.partial != nullptr ? &part : nullptr);
+      if (nt != nullptr) {
+        local.rotate_queries(task, q_start, *nt, rotated.data());
+        local.query = rotated.data();
+        // the part that reads the new keys writes them (a split task's last; tokens of one
+        // sequence and KV head are one task)
+        if (part.partial == nullptr || part.k_end == ctx[task.seq]) {
+          local.cache_new_tokens(task, q_start, *nt);
+        }
+      }
+      local.run(task, q_start, qsl[task.seq + 1] - q_start, ctx[task.seq], q_rows, scores, acc,
+                part.partial != nullptr ? &part : nullptr);
+      if (part.partial != nullptr &&
+          finished[part.task].fetch_add(1, std::memory_order_acq_rel) ==
+              num_parts[part.task] - 1) {
+        local.merge_parts(task, q_start, parts.data() + first_part[part.task],
+                          num_parts[part.task]);
+      }
     }
   });
-  for (int64_t p = 0; p < static_cast<int64_t>(parts.size());) {  // the split tasks' merges
-    int64_t q = p + 1;
-    while (q < static_cast<int64_t>(parts.size()) && parts[q].task == parts[p].task) ++q;
-    if (parts[p].partial != nullptr) {
-      const Task& task = tasks[parts[p].task];
-      kernel.merge_parts(task, qsl[task.seq], parts.data() + p, q - p);
-    }
-    p = q;
-  }
 }
 
 template <typename T>
 void launch_for_head_size(int64_t head_size, at::Tensor& out, const at::Tensor& query,
                           const at::Tensor& key_cache, const at::Tensor& value_cache,
                           const at::Tensor& block_tables, const at::Tensor& context_lens,
-                          const at::Tensor& query_start_loc, double scale) {
+                          const at::Tensor& query_start_loc, double scale,
+                          const NewTokens<T>* nt = nullptr) {
   switch (head_size) {
 #define VLLM_CASE(D)                                                                          \
   case D:                                                                                     \
     return launch<T, D>(out, query, key_cache, value_cache, block_tables, context_lens,       \
-                        query_start_loc, scale);
+                        query_start_loc, scale, nt);
     VLLM_CASE(32)
     VLLM_CASE(64)
     VLLM_CASE(80)
@@ -528,6 +604,57 @@ void launch_for_head_size(int64_t head_size, at::Tensor& out, const at::Tensor& 
 }
 
 }  // namespace
+
+bool rotary_cache_attention_applies(const at::Tensor& query_start_loc, int64_t num_heads,
+                                    int64_t num_kv_heads) {
+  if (num_kv_heads <= 0 || query_start_loc.dim() != 1 ||
+      query_start_loc.scalar_type() != at::kInt || !query_start_loc.is_contiguous()) {
+    return false;  // the ops' checks name it
+  }
+  const int64_t most =
+      std::max<int64_t>(1, kMaxRows / std::max<int64_t>(1, num_heads / num_kv_heads));
+  const int* qsl = query_start_loc.data_ptr<int>();
+  for (int64_t s = 0; s + 1 < query_start_loc.size(0); ++s) {
+    if (qsl[s + 1] - qsl[s] > most) return false;
+  }
+  return true;
+}
+
+void rotary_cache_attention(at::Tensor& out, at::Tensor& query, at::Tensor& key,
+                            const at::Tensor& value, const at::Tensor& positions,
+                            const at::Tensor& cos_sin_cache, bool is_neox, at::Tensor& key_cache,
+                            at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                            const at::Tensor& block_tables, const at::Tensor& context_lens,
+                            const at::Tensor& query_start_loc, int64_t max_context_len,
+                            double scale) {
+  const int64_t num_tokens = query.size(0), head_size = out.size(2);
+  const int64_t num_heads = out.size(1), num_kv_heads = key_cache.size(1);
+  at::Tensor q3 = query.view({num_tokens, num_heads, head_size});
+  at::Tensor k3 = key.view({num_tokens, num_kv_heads, head_size});
+  at::Tensor v3 = value.view({num_tokens, num_kv_heads, head_size});
+  vllm::check_rotary_embedding_args(positions, query, key, head_size, cos_sin_cache);
+  vllm::check_reshape_and_cache_args(k3, v3, key_cache, value_cache, slot_mapping);
+  vllm::check_paged_attention_args(out, q3, key_cache, value_cache, block_tables, context_lens,
+                                   query_start_loc);
+  (void)max_context_len;  // the CPU reads context_lens directly
+  TORCH_CHECK(rotary_cache_attention_applies(query_start_loc, num_heads, num_kv_heads),
+              "rotary_cache_attention takes each sequence's tokens as one task of at most ",
+              kMaxRows, " query rows");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  check_positions(pos, num_tokens, cos_sin_cache.size(0));
+  check_slots(slots, num_tokens, key_cache.size(0) * key_cache.size(2));
+  VLLM_CPU_DISPATCH_FLOAT_TYPES(query.scalar_type(), "rotary_cache_attention", [&] {
+    const NewTokens<scalar_t> nt{query.data_ptr<scalar_t>(), key.data_ptr<scalar_t>(),
+                                 value.data_ptr<scalar_t>(), key.stride(0), value.stride(0),
+                                 pos, slots, cos_sin_cache.data_ptr<scalar_t>(),
+                                 cos_sin_cache.size(1), is_neox,
+                                 key_cache.data_ptr<scalar_t>(),
+                                 value_cache.data_ptr<scalar_t>()};
+    launch_for_head_size<scalar_t>(head_size, out, q3, key_cache, value_cache, block_tables,
+                                   context_lens, query_start_loc, scale, &nt);
+  });
+}
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,

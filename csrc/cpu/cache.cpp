@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "core/checks.h"
+#include "cpu/new_tokens.h"
 #include "cpu/team.h"
 #include "ops.h"
 
@@ -13,10 +14,7 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
   const int64_t num_tokens = key.size(0), num_kv_heads = key.size(1), head_size = key.size(2);
   const int64_t num_blocks = key_cache.size(0), block_size = key_cache.size(2);
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    TORCH_CHECK(slots[t] < num_blocks * block_size, "slot_mapping[", t, "] = ", slots[t],
-                " is past the cache's ", num_blocks * block_size, " slots");
-  }
+  check_slots(slots, num_tokens, num_blocks * block_size);
   const int64_t elem = key.element_size();
   const int64_t row_bytes = head_size * elem;
   auto* k_src = static_cast<const char*>(key.data_ptr());

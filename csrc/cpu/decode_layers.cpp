@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cpu/attention.h"
 #include "cpu/layer_folds.h"
 #include "cpu/linear.h"
 #include "cpu/team.h"
@@ -100,18 +101,21 @@ bool team_enabled() {
   return false;
 }
 
-// VLLM_CPU_DECODE_FOLD (read at every call; default on): the norms and silu_and_mul folded into
-// the packed linears' loops (layer_folds.h) where every linear of the step runs the packed tiles;
-// 0: each its own loop.
-bool folds_apply(const at::Tensor& hidden, const std::vector<at::Tensor>& weights,
-                 const std::vector<at::Tensor>& packed, int64_t num_layers, int64_t rows) {
+// VLLM_CPU_DECODE_FOLD (read at every call; default on): rotary and the cache write folded into
+// the attention's loop (rotary_cache_attention), and the norms and silu_and_mul into the packed
+// linears' loops (layer_folds.h) where every linear of the step runs the packed tiles
+// (linear_folds_apply); 0: each its own loop.
+bool fold_enabled() {
   const char* v = std::getenv("VLLM_CPU_DECODE_FOLD");
-  TORCH_CHECK(v == nullptr || std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0,
-              "VLLM_CPU_DECODE_FOLD must be 0 or 1, got '", v, "'");
-  if ((v != nullptr && std::strcmp(v, "0") == 0) || packed.empty() ||
-      !linear_rows_folds(hidden.scalar_type(), rows)) {
-    return false;
-  }
+  if (v == nullptr || std::strcmp(v, "1") == 0) return true;
+  TORCH_CHECK(std::strcmp(v, "0") == 0, "VLLM_CPU_DECODE_FOLD must be 0 or 1, got '", v, "'");
+  return false;
+}
+
+bool linear_folds_apply(const at::Tensor& hidden, const std::vector<at::Tensor>& weights,
+                        const std::vector<at::Tensor>& packed, int64_t num_layers,
+                        int64_t rows) {
+  if (packed.empty() || !linear_rows_folds(hidden.scalar_type(), rows)) return false;
   for (int64_t l = 0; l < num_layers; ++l) {
     for (int64_t j = 0; j < kPackedPerLayer; ++j) {
       if (packed[l * kPackedPerLayer + j].numel() == 0) return false;
@@ -147,7 +151,10 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
               packed.size(), " for ", num_layers, " layers");
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), "hidden must be [num_tokens, hidden]");
   const int64_t m = hidden.size(0);
-  const bool fold = folds_apply(hidden, weights, packed, num_layers, m);
+  const bool fold_enabled_now = fold_enabled();
+  const bool fold = fold_enabled_now && linear_folds_apply(hidden, weights, packed, num_layers, m);
+  const bool fold_attention =
+      fold_enabled_now && rotary_cache_attention_applies(query_start_loc, num_heads, num_kv_heads);
   // the layers and the final norm; the residual's copy and the scratch rows are made inside
   // it as well (made before the team's region, the 2-core machine's SmolLM2-135M forward took
   // 11.01 ms with the team against 10.43 with them inside)
@@ -209,15 +216,21 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
       at::Tensor q = qkv.narrow(1, 0, q_size);
       at::Tensor k = qkv.narrow(1, q_size, kv_size);
       at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size);
-      rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox);
-      at::Tensor k3 = k.view({m, num_kv_heads, head_size});
-      at::Tensor v3 = v.view({m, num_kv_heads, head_size});
       at::Tensor kc = key_caches[l], vc = value_caches[l];
-      reshape_and_cache(k3, v3, kc, vc, slot_mapping);
-      at::Tensor q3 = q.view({m, num_heads, head_size});  // read in place: rows qkv's apart
-      clock.mark(kStageRotaryCache);
-      paged_attention(attn, q3, kc, vc, block_tables, context_lens, query_start_loc,
-                      max_context_len, scale);
+      if (fold_attention) {
+        rotary_cache_attention(attn, q, k, v, positions, cos_sin_cache, is_neox, kc, vc,
+                               slot_mapping, block_tables, context_lens, query_start_loc,
+                               max_context_len, scale);
+      } else {
+        rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox);
+        at::Tensor k3 = k.view({m, num_kv_heads, head_size});
+        at::Tensor v3 = v.view({m, num_kv_heads, head_size});
+        reshape_and_cache(k3, v3, kc, vc, slot_mapping);
+        at::Tensor q3 = q.view({m, num_heads, head_size});  // read in place: rows qkv's apart
+        clock.mark(kStageRotaryCache);
+        paged_attention(attn, q3, kc, vc, block_tables, context_lens, query_start_loc,
+                        max_context_len, scale);
+      }
       clock.mark(kStageAttention);
       at::Tensor attn2 = attn.view({m, q_size});
       linear_rows(x, attn2, w[3], nullptr, packed_of(packed, l, 1, w[3]));

@@ -1,34 +1,10 @@
 // rotary_embedding on the CPU: rotates query and key heads in place, neox or gpt-j pairing.
 #include "core/checks.h"
+#include "cpu/new_tokens.h"
 #include "cpu/team.h"
-#include "cpu/vec.h"
 #include "ops.h"
 
 namespace vllm_cpu {
-namespace {
-
-// Rotates the first rot_dim elements of one head x; cos/sin [rot_dim / 2].
-template <typename T>
-inline void rotate_head(T* x, const T* cos, const T* sin, int64_t rot_dim, bool is_neox) {
-  const int64_t half = rot_dim / 2;
-  if (is_neox) {  // pairs (x[i], x[i + half])
-    for_each_vec(half, [&](int64_t i, int w) {
-      fVec x1 = load_any(x + i, w), x2 = load_any(x + half + i, w);
-      fVec c = load_any(cos + i, w), s = load_any(sin + i, w);
-      store_any(x + i, x1 * c - x2 * s, w);
-      store_any(x + half + i, x2 * c + x1 * s, w);
-    });
-  } else {  // pairs (x[2i], x[2i + 1])
-    for (int64_t i = 0; i < half; ++i) {
-      const float x1 = static_cast<float>(x[2 * i]), x2 = static_cast<float>(x[2 * i + 1]);
-      const float c = static_cast<float>(cos[i]), s = static_cast<float>(sin[i]);
-      x[2 * i] = static_cast<T>(x1 * c - x2 * s);
-      x[2 * i + 1] = static_cast<T>(x2 * c + x1 * s);
-    }
-  }
-}
-
-}  // namespace
 
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query, at::Tensor& key,
                       int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox) {
@@ -40,10 +16,7 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, at::Tensor
   const int64_t q_stride = query.dim() == 2 ? query.stride(0) : num_heads * head_size;
   const int64_t k_stride = key.dim() == 2 ? key.stride(0) : num_kv_heads * head_size;
   const int64_t* pos = positions.data_ptr<int64_t>();
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_position, "positions[", t, "] = ", pos[t],
-                " is outside cos_sin_cache's ", max_position, " positions");
-  }
+  check_positions(pos, num_tokens, max_position);
   VLLM_CPU_DISPATCH_FLOAT_TYPES(query.scalar_type(), "rotary_embedding", [&] {
     scalar_t* q = query.data_ptr<scalar_t>();
     scalar_t* k = key.data_ptr<scalar_t>();

@@ -222,7 +222,10 @@ def test_only_small_steps_take_the_fused_path(monkeypatch):
 
 def test_stage_clock_times_every_stage_and_changes_nothing(monkeypatch):
     """decode_layers with cpu_decode.stage_ms set: the same hidden states and caches bit for
-    bit, every stage's entry grows, and a tensor of the wrong kind is refused by name."""
+    bit, every stage's entry grows (each op in its own loop: the folds time a folded op in its
+    loop's stage, test_folds_change_nothing), and a tensor of the wrong kind is refused by
+    name."""
+    monkeypatch.setenv("VLLM_CPU_DECODE_FOLD", "0")
     model, config = make_model("llama-gqa", torch.bfloat16)
     caches, md, positions = make_step(config, torch.bfloat16, [9, 30, 2], [1, 1, 2])
     ids = torch.randint(0, config.vocab_size, (len(positions),),
@@ -320,26 +323,34 @@ def test_team_changes_nothing(dtype, context_lens, q_lens, threads, monkeypatch)
         run(model, caches, md, ids, positions, "fused", monkeypatch)
 
 
-@pytest.mark.skipif(not has_avx512_bf16(), reason="weights pack only on AVX512_BF16")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", ["llama-gqa", "qwen2-bias"])
 @pytest.mark.parametrize("context_lens,q_lens", [
-    ([9, 30], [1, 1]),  # 2 rows, the fewest the packed tiles take
+    ([7], [1]),  # one draft step
+    ([250], [1]),  # one draft step of a long context: its attention tasks split into parts
+    ([200, 150], [1, 1]),  # 2 rows, the fewest the packed tiles take; split tasks
     ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes
     ([20, 35, 5, 9], [5] * 4),  # 20 rows (AMX: two row groups)
     ([30] * 8 + [9] * 2, [4] * 10),  # 40 rows (AMX: a panel at a time)
+    ([60, 40], [40, 1]),  # 40 tokens of one sequence: more than one attention task (llama-gqa)
 ])
 @pytest.mark.parametrize("amx", ["0", "auto"])
 @pytest.mark.parametrize("threads", [2, 3])
-def test_folds_change_nothing(shape, context_lens, q_lens, amx, threads, monkeypatch):
-    """The norms and silu_and_mul folded into the packed linears' loops (VLLM_CPU_DECODE_FOLD=1,
-    layer_folds.h: each thread normalises the rows for itself, the first task's thread writes the
-    residual stream, each gate/up task finishes its own columns of silu(gate) * up) give the same
-    hidden states, logits and caches bit for bit as each op in its own loop (0), on the packed
-    AVX512_BF16 tiles and on AMX (where the CPU has it), with and without the team, at 2 and 3
-    threads; the folds ran (the stage clock's silu entry stays at zero with them, grows
-    without); a bad setting is refused by name."""
-    model, config = make_model(shape, torch.bfloat16, intermediate_size=256)
-    caches, md, positions = make_step(config, torch.bfloat16, context_lens, q_lens)
+def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, monkeypatch):
+    """The folds (VLLM_CPU_DECODE_FOLD=1) give the same hidden states, logits and caches bit for
+    bit as each op in its own loop (0): rotary and the cache write inside the attention's tasks
+    (each rotates its own query heads, the part that reads a new key writes it, a split task's
+    merge on the thread that finishes its last part; the ops in turn where a sequence's tokens
+    are more than one task), and, on the packed bf16 tiles (AVX512_BF16; AMX where the CPU has
+    it), the norms and silu_and_mul inside the linears' loops (each thread normalises the rows
+    for itself, the first task's thread writes the residual stream, each gate/up task finishes
+    its own columns of silu(gate) * up); with and without the team, at 2 and 3 threads. That the
+    folds ran is read off the stage clock (rotary + cache, and silu where the linears fold, stay
+    at zero); a bad setting is refused by name."""
+    if amx == "auto" and dtype == torch.float32:
+        pytest.skip("AMX tiles are bf16's")
+    model, config = make_model(shape, dtype, intermediate_size=256)
+    caches, md, positions = make_step(config, dtype, context_lens, q_lens)
     ids = torch.randint(0, config.vocab_size, (len(positions),),
                         generator=torch.Generator().manual_seed(5))
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
@@ -350,13 +361,19 @@ def test_folds_change_nothing(shape, context_lens, q_lens, amx, threads, monkeyp
         runs_under([{"VLLM_CPU_DECODE_FOLD": f, "VLLM_CPU_DECODE_TEAM": t}
                     for f, t in (("0", "1"), ("1", "1"), ("1", "0"))], model, caches, md, ids,
                    positions, monkeypatch)
-        silu = ops.DECODE_STAGES.index("silu")
-        for fold, folded in (("1", True), ("0", False)):
+        group = config.num_attention_heads // config.num_key_value_heads
+        attention_folds = max(q_lens) <= 64 // group
+        linears_fold = (dtype == torch.bfloat16 and has_avx512_bf16() and len(positions) >= 2
+                        and len(positions) <= cpu_decode.MAX_ROWS)
+        rotary, silu = (ops.DECODE_STAGES.index(n) for n in ("rotary_cache", "silu"))
+        for fold in ("1", "0"):
             monkeypatch.setenv("VLLM_CPU_DECODE_FOLD", fold)
             monkeypatch.setattr(cpu_decode, "stage_ms", torch.zeros(len(ops.DECODE_STAGES),
                                                                     dtype=torch.float64))
             run(model, caches, md, ids, positions, "fused", monkeypatch)
-            assert (cpu_decode.stage_ms[silu] == 0) == folded, (fold, cpu_decode.stage_ms)
+            ms = cpu_decode.stage_ms
+            assert (ms[rotary] == 0) == (fold == "1" and attention_folds), (fold, ms)
+            assert (ms[silu] == 0) == (fold == "1" and linears_fold), (fold, ms)
     finally:
         torch.set_num_threads(saved)
     monkeypatch.setattr(cpu_decode, "stage_ms", None)

@@ -1,0 +1,27 @@
+// The CPU attention's fold for decode_layers (attention.cpp).
+#pragma once
+
+#include <torch/all.h>
+
+namespace vllm_cpu {
+
+// rotary_embedding of query and key, reshape_and_cache of the rotated key and value, then
+// paged_attention into out [tokens, heads, head_size], as one parallel loop: each attention
+// task rotates its own query heads (into a buffer of its thread) and writes its new keys and
+// values into the caches before reading them, the split tasks merged by the thread that
+// finishes each one's last part (one hand-over between cores instead of three; the same
+// bits). query, key and value: the qkv linear's [tokens, heads x head_size] row views, not
+// rotated (left so). Only where rotary_cache_attention_applies.
+void rotary_cache_attention(at::Tensor& out, at::Tensor& query, at::Tensor& key,
+                            const at::Tensor& value, const at::Tensor& positions,
+                            const at::Tensor& cos_sin_cache, bool is_neox, at::Tensor& key_cache,
+                            at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                            const at::Tensor& block_tables, const at::Tensor& context_lens,
+                            const at::Tensor& query_start_loc, int64_t max_context_len,
+                            double scale);
+// Whether every sequence's tokens are one attention task (at most 64 query rows: a task of 2+
+// tokens reads its earlier tokens' keys, which another task would be writing).
+bool rotary_cache_attention_applies(const at::Tensor& query_start_loc, int64_t num_heads,
+                                    int64_t num_kv_heads);
+
+}  // namespace vllm_cpu
