@@ -37,15 +37,16 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the twenty-first session (runs 29-30, H100s; issue 15's bars
-#   all held in run 30's one call): on an H200 if one comes, the whole CUDA suite and
-#   PROFILE_SHAPES="llama-2-7b llama-2-13b codellama-34b" ... profile (34B with
-#   PROFILE_GPU_UTIL=0.95 on an 80 GB card) to confirm the table there; for issue 10 the draft
-#   stage (DRAFT_THREADS=8,16 DRAFT_PATHS=fused DRAFT_SETTINGS="team:VLLM_CPU_DECODE_TEAM=1;no
-#   team:VLLM_CPU_DECODE_TEAM=0": in turns; run 30's one A/B had one row against the team,
-#   llama-68m at 8 threads), then the trained
-#   pairs (pair, PAIR_SHAPE=llama-2-13b too: the CPU draft against the same draft on the GPU at
-#   every k, drafting ahead at k = 4) with the team on.
+#   (the next lease's plan, after the twenty-second session (no device lent; the folds built
+#   and measured on 2 cores only): first, for issue 10, a CPU-only build (30 s) and the draft
+#   stage at the host's 16 threads, the folds on and off in turns (DRAFT_THREADS=16
+#   DRAFT_PATHS=fused DRAFT_SETTINGS="fold:VLLM_CPU_DECODE_FOLD=1;no
+#   fold:VLLM_CPU_DECODE_FOLD=0"; predicted: SmolLM2-135M batch 8 ~0.3-0.4 ms less, batch 1
+#   even, batch 8 / batch 1 from ~1.55 towards 1.3), twice; then the whole CUDA suite and the
+#   trained pairs (pair, PAIR_SHAPE=llama-2-13b too: the CPU draft against the same draft on the
+#   GPU at every k, drafting ahead at k = 4) with the team and folds on; on an H200 if one
+#   comes, PROFILE_SHAPES="llama-2-7b llama-2-13b codellama-34b" ... profile to confirm issue
+#   15's table there.
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
 #   taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
