@@ -76,6 +76,11 @@ enum DecodeStage {
 at::Tensor pack_linear(const at::Tensor& weight);
 void linear_packed(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                    const at::Tensor& packed, const std::optional<at::Tensor>& bias);
+// out [rows] (int64) = each row's first maximal index of input @ weight^T in weight's dtype, a
+// NaN as the maximum (cpu/linear_argmax.cpp; packed as for linear_packed): a greedy draft's
+// tokens without its logits.
+void linear_argmax(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                   const at::Tensor& packed);
 }  // namespace vllm_cpu
 
 #ifdef VLLM_WITH_CUDA

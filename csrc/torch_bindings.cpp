@@ -34,6 +34,7 @@ TORCH_LIBRARY(_C, m) {
       "float scale, bool is_neox, Tensor[] packed, Tensor(c!)? stage_ms=None) -> ()");
   m.def("pack_linear(Tensor weight) -> Tensor");
   m.def("linear_packed(Tensor! out, Tensor input, Tensor weight, Tensor packed, Tensor? bias) -> ()");
+  m.def("linear_argmax(Tensor! out, Tensor input, Tensor weight, Tensor packed) -> ()");
 }
 
 #define VLLM_REGISTER_KERNELS(m, ns)                          \
@@ -52,6 +53,7 @@ TORCH_LIBRARY_IMPL(_C, CPU, m) {
   m.impl("decode_layers", &vllm_cpu::decode_layers);
   m.impl("pack_linear", &vllm_cpu::pack_linear);
   m.impl("linear_packed", &vllm_cpu::linear_packed);
+  m.impl("linear_argmax", &vllm_cpu::linear_argmax);
 }
 
 #ifdef VLLM_WITH_CUDA

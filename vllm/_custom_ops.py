@@ -98,7 +98,7 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
 
 
 # CPU-only ops (no CUDA kernel): a decode step of few rows (vllm/model_executor/cpu_decode.py)
-CPU_OP_NAMES = ("decode_layers", "pack_linear", "linear_packed")
+CPU_OP_NAMES = ("decode_layers", "pack_linear", "linear_packed", "linear_argmax")
 
 
 def linear_small(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
@@ -143,3 +143,11 @@ def linear_packed(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
     """linear_small, with weight's packed copy (pack_linear's; empty: none) for the row counts
     where its tiles pay."""
     _call("linear_packed", input.device, out, input, weight, packed, bias)
+
+
+def linear_argmax(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                  packed: torch.Tensor) -> None:
+    """out [M] (int64) = each row's first maximal index of input @ weight^T in weight's dtype (a
+    NaN counting as the maximum, as numpy's argmax): a greedy draft's tokens without its logits.
+    packed: as for linear_packed."""
+    _call("linear_argmax", input.device, out, input, weight, packed)

@@ -54,6 +54,7 @@ class LayerFold final : public LinearFold {
   bool paired() const override { return act_ != nullptr; }
 
   void output(int64_t n0, int64_t n1) const override {
+    if (act_ == nullptr) return;
     for (int64_t r = 0; r < rows_; ++r) {
       const T* gate = out_ + r * ldo_;
       silu_mul_span(act_ + r * lda_ + n0, gate + n0, gate + d_ + n0, n1 - n0);

@@ -56,9 +56,9 @@ class LinearFold {
     (void)ld;
     return nullptr;
   }
-  // Whether out's columns are two halves (gate, up) that a task computes together: then
-  // output(n0, n1) runs after the task wrote columns [n0, n1) of both.
+  // Whether out's columns are two halves (gate, up) that a task computes together.
   virtual bool paired() const { return false; }
+  // Runs after a task wrote out's columns [n0, n1) (of both halves where paired), on its thread.
   virtual void output(int64_t n0, int64_t n1) const {
     (void)n0;
     (void)n1;

@@ -198,9 +198,9 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
       const int64_t pb = t * per;
       const int nb = static_cast<int>(std::min(per, span - pb));
       kernel.run(pb, nb, rows, ld);
-      if (paired) {
-        kernel.run(span + pb, nb, rows, ld);
-        fold->output(pb * kPackRows, (pb + nb) * kPackRows);
+      if (paired) kernel.run(span + pb, nb, rows, ld);
+      if (fold != nullptr) {
+        fold->output(pb * kPackRows, std::min((pb + nb) * kPackRows, paired ? n_dim / 2 : n_dim));
       }
     }
     kernel.end();

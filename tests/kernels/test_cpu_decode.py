@@ -382,6 +382,21 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
         run(model, caches, md, ids, positions, "fused", monkeypatch)
 
 
+@pytest.mark.parametrize("shape", ["llama-gqa", "qwen2-bias"])  # an LM head; tied embeddings
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 8, 65])
+def test_compute_argmax_is_the_argmax_of_the_logits(shape, dtype, rows):
+    """A greedy draft's tokens (compute_argmax: linear_argmax, no fp32 logits, from 1 to 64 rows;
+    above, the logits' argmax) are argmax_rows of compute_logits', for the same hidden rows."""
+    from vllm.model_executor.sampler import argmax_rows
+    model, config = make_model(shape, dtype)
+    hidden = torch.randn(rows, config.hidden_size, generator=torch.Generator().manual_seed(rows))
+    hidden = hidden.to(dtype)
+    with torch.inference_mode():
+        assert torch.equal(model.compute_argmax(hidden),
+                           argmax_rows(model.compute_logits(hidden)))
+
+
 def test_opcheck():
     model, config = make_model("qwen2-bias", torch.float32)
     caches, md, positions = make_step(config, torch.float32, [20, 5], [2, 1])
@@ -397,6 +412,8 @@ def test_opcheck():
     x, w = torch.randn(3, 64), torch.randn(40, 64)
     torch.library.opcheck(torch.ops._C.linear_small.default,
                           (torch.empty(3, 40), x, w, torch.randn(40)))
+    torch.library.opcheck(torch.ops._C.linear_argmax.default,
+                          (torch.empty(3, dtype=torch.long), x, w, w.new_empty(0)))
 
 
 

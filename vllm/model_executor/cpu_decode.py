@@ -67,6 +67,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> torch.Te
     return torch.nn.functional.linear(x, weight)
 
 
+def argmax(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> Optional[torch.Tensor]:
+    """Each row's first maximal index of x @ weight^T (linear's logits, a NaN as the maximum)
+    through linear_argmax, which makes no fp32 logits, where it applies; else None."""
+    if not (rows_apply(x) and weight.dtype == x.dtype and weight.is_contiguous()
+            and ops.has_kernel("linear_argmax", "cpu")):
+        return None
+    out = torch.empty(x.shape[0], dtype=torch.long)
+    if owner is None or x.shape[0] < PACKED_MIN_ROWS:
+        packed = weight.new_empty(0)
+    else:
+        packed = _packed_for(owner, weight)
+    ops.linear_argmax(out, x.contiguous(), weight, packed)
+    return out
+
+
 # _layer_weights' tensors per layer (decode_layers' order: ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w,
 # down_w) and the places of the four linear weights among them
 _TENSORS_PER_LAYER = 7

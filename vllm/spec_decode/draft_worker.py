@@ -128,8 +128,8 @@ class DraftModelProposer(Proposer):
 
     @torch.inference_mode()
     def _probe_forward(self) -> None:
-        """One one-token forward and its logits, at position block_size - 1 of block 0 (free at
-        start-up)."""
+        """One one-token forward and its greedy token, at position block_size - 1 of block 0
+        (free at start-up)."""
         bs = self.config.cache_config.block_size
         md = AttentionMetadata(
             slot_mapping=torch.tensor([bs - 1]), block_tables=torch.zeros(1, 1, dtype=torch.int32),
@@ -138,7 +138,7 @@ class DraftModelProposer(Proposer):
             query_lens=[1], prefill_only=False)
         with set_forward_context(md, self.runner.kv_caches):
             hidden = self.runner.model(torch.zeros(1, dtype=torch.long), torch.tensor([bs - 1]))
-        argmax_rows(self.runner.model.compute_logits(hidden)).tolist()
+        self._sample(hidden, [])  # as a greedy draft step ends
 
     def propose(self, requests: list[Request], max_num_drafts: list[int]) -> ProposalHandle:
         return ProposalHandle(lambda: self._propose(requests, max_num_drafts))
@@ -191,8 +191,7 @@ class DraftModelProposer(Proposer):
             out.draft_token_ids = [[] for _ in live]
             inp = self.runner.prepare_inputs(out)
             hidden = self.runner.run_model(inp)
-            logits = self.runner.model.compute_logits(hidden[inp.logits_indices])
-            tokens, token_probs = self._sample(logits, [r for r, _ in live])
+            tokens, token_probs = self._sample(hidden[inp.logits_indices], [r for r, _ in live])
             for (req, seq), n, tok, p in zip(live, out.num_scheduled_tokens, tokens, token_probs):
                 seq.num_computed_tokens += n
                 seq.token_ids.append(tok)
@@ -290,12 +289,17 @@ class DraftModelProposer(Proposer):
         seq.num_computed_tokens = min(seq.num_computed_tokens, req.num_tokens - 1)
         return self.block_manager.grow(seq.block_ids, req.num_tokens + k)
 
-    def _sample(self, logits: torch.Tensor, reqs: list[Request]
+    def _sample(self, hidden: torch.Tensor, reqs: list[Request]
                 ) -> tuple[list[int], list[Optional[torch.Tensor]]]:
-        """Greedy drafts for greedy requests; otherwise a draw from the draft's processed
-        distribution p (returned, on the CPU, for the rejection sampler)."""
+        """Greedy drafts for greedy requests (plain greedy: the argmax without fp32 logits where
+        the model has compute_argmax); otherwise a draw from the draft's processed distribution
+        p (returned, on the CPU, for the rejection sampler). hidden: the rows to draft from."""
+        model = self.runner.model
         if all(r.sampling_params.is_plain_greedy for r in reqs):
-            return argmax_rows(logits).tolist(), [None] * len(reqs)
+            if hasattr(model, "compute_argmax"):
+                return model.compute_argmax(hidden).tolist(), [None] * len(reqs)
+            return argmax_rows(model.compute_logits(hidden)).tolist(), [None] * len(reqs)
+        logits = model.compute_logits(hidden)
         batch = SamplingBatch.build(
             [r.sampling_params for r in reqs], [r.prompt_token_ids for r in reqs],
             [self.seqs[r.req_id].token_ids[r.num_prompt_tokens:] for r in reqs],

@@ -12,6 +12,7 @@ from torch import nn
 from vllm.distributed.parallel_state import get_tp_group
 from vllm.model_executor import cpu_decode
 from vllm.model_executor.layers.linear import linear
+from vllm.model_executor.sampler import argmax_rows
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -45,6 +46,15 @@ class VocabParallelEmbedding(nn.Module):
         if self.tp.size == 1:
             return logits
         return self.tp.all_gather(logits)[:, :self.num_embeddings]
+
+    def compute_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Each row's first maximal index of compute_logits(hidden) (a NaN as the maximum):
+        greedy tokens; on the CPU with one rank without the fp32 logits (cpu_decode.argmax)."""
+        if not hidden.is_cuda and self.tp.size == 1:
+            tokens = cpu_decode.argmax(hidden, self.weight, owner=self)
+            if tokens is not None:
+                return tokens
+        return argmax_rows(self.compute_logits(hidden))
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                       part: Optional[int] = None) -> None:

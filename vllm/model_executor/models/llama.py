@@ -134,6 +134,11 @@ class LlamaForCausalLM(nn.Module):
         head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
         return head.compute_logits(hidden)
 
+    def compute_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """argmax_rows(compute_logits(hidden)): greedy tokens, without fp32 logits on the CPU."""
+        head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
+        return head.compute_argmax(hidden)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies HF-named weights in (a sharded layer's weight_loader keeps this rank's slice);
         every parameter, and every part of a fused one, must be covered exactly once."""
