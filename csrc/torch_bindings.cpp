@@ -34,6 +34,7 @@ TORCH_LIBRARY(_C, m) {
       "float scale, bool is_neox, Tensor[] packed, Tensor(c!)? stage_ms=None) -> ()");
   m.def("pack_linear(Tensor weight) -> Tensor");
   m.def("linear_packed(Tensor! out, Tensor input, Tensor weight, Tensor packed, Tensor? bias) -> ()");
+  // a greedy draft's tokens: each row's first maximal index of input @ weight^T (CPU only)
   m.def("linear_argmax(Tensor! out, Tensor input, Tensor weight, Tensor packed) -> ()");
 }
 
