@@ -25,7 +25,8 @@
 #   the server's thread, at SERVE_CLIENTS clients: benchmarks/serve_sweep.py)
 #   (serve: SERVE_LAYOUTS mp,inproc, SERVE_CONFIGS plain,draft,split,goodput, SERVE_K, SERVE_ADAPTIVE,
 #   SERVE_ROUNDS=R every configuration served R times in alternating order, added up)
-#   VLLM_SKIP_BUILD=1 skips the build (a second invocation on the same machine).
+#   VLLM_SKIP_BUILD=1 skips the build (a second invocation on the same machine). HOST_ONLY=1: a
+#   CPU-only build (~30 s) and no CUDA checks, for the draft stage alone (the host's CPU).
 # Lent machines have been taken back mid-call: start long runs in the background and collect
 # partial results after each call. Stages run in this file's order within one invocation, so
 # invoke them one by one in the order wanted, e.g.:
@@ -38,8 +39,8 @@
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
 #   (the next lease's plan, after the twenty-second session (no device lent; the folds built
-#   and measured on 2 cores only): first, for issue 10, a CPU-only build (30 s) and the draft
-#   stage at the host's 16 threads, the folds on and off in turns (DRAFT_THREADS=16
+#   and measured on 2 cores only): first, for issue 10, a CPU-only build (HOST_ONLY=1) and the
+#   draft stage at the host's 16 threads, the folds on and off in turns (DRAFT_THREADS=16
 #   DRAFT_PATHS=fused DRAFT_SETTINGS="fold:VLLM_CPU_DECODE_FOLD=1;no
 #   fold:VLLM_CPU_DECODE_FOLD=0"; predicted: SmolLM2-135M batch 8 ~0.3-0.4 ms less, batch 1
 #   even, batch 8 / batch 1 from ~1.55 towards 1.3), twice; then the whole CUDA suite and the
@@ -68,6 +69,7 @@ OUT_DIR="${2:-${OUT:-out}}"
 mkdir -p "$OUT_DIR"
 PY="${PYTHON:-python3}"
 export VLLM_TARGET_DEVICE=cuda MAX_JOBS="${MAX_JOBS:-16}" PYTHONUNBUFFERED=1
+if [ -n "${HOST_ONLY:-}" ]; then export VLLM_TARGET_DEVICE=cpu; fi
 # The image's first g++ (/opt/gcc) links parts of libstdc++ statically (a "nonshared" archive);
 # those copies crash iostream formatting in error messages. The system compiler links the shared
 # libstdc++ that torch itself uses.
@@ -97,12 +99,12 @@ else
     || { tail -60 "$OUT_DIR/build.log"; exit 1; }
 fi
 echo "build took $(( $(date +%s) - start )) s (CXX=${CXX:-unset})"
-grep -E "^CMAKE_(CXX_COMPILER|CUDA_HOST_COMPILER):" build/cmake-cuda/CMakeCache.txt
+grep -E "^CMAKE_(CXX_COMPILER|CUDA_HOST_COMPILER):" build/cmake-$VLLM_TARGET_DEVICE/CMakeCache.txt
 # an error raised inside the extension must come back as a Python exception (a libstdc++ copy
 # linked into _C.so once turned every such error into a segfault)
 "$PY" - <<'PYEOF' || { echo "error-path probe FAILED"; exit 1; }
-import torch, vllm._custom_ops as ops
-for dev in ("cpu", "cuda"):
+import os, torch, vllm._custom_ops as ops
+for dev in ("cpu",) if os.environ["VLLM_TARGET_DEVICE"] == "cpu" else ("cpu", "cuda"):
     x = torch.randn(4, 8, device=dev)
     try:
         ops.rms_norm(torch.empty_like(x), x, torch.ones(7, device=dev), 1e-5)
@@ -111,7 +113,7 @@ for dev in ("cpu", "cuda"):
     else:
         raise SystemExit(f"a wrong weight shape raised nothing on {dev}")
 PYEOF
-"$PY" -c "import torch, vllm._C as C; print('vllm._C', C.__file__, 'cpu_isa', C.cpu_isa, 'cuda', C.cuda_enabled); assert C.cuda_enabled" || exit 1
+"$PY" -c "import os, torch, vllm._C as C; print('vllm._C', C.__file__, 'cpu_isa', C.cpu_isa, 'cuda', C.cuda_enabled); assert C.cuda_enabled or os.environ['VLLM_TARGET_DEVICE'] == 'cpu'" || exit 1
 
 if want test; then
   echo "== tests (CPU and CUDA in one process)"
