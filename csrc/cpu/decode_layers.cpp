@@ -4,7 +4,9 @@
 // silu_and_mul, down linear; then the final norm. The same kernels the per-op path calls, without
 // a Python round trip and dispatcher call per op: the step costs its weight bytes. The linears are
 // linear_small's (linear_rows: its GEMV or register tiles where they pay, else torch's GEMM), or
-// the packed tiles on the weights' packed copies where those are given and pay.
+// the packed tiles on the weights' packed copies where those are given and pay. With the folds
+// (VLLM_CPU_DECODE_FOLD), rotary and the cache write run in the attention's tasks and, on the
+// packed tiles, the norms and silu_and_mul in the linears' loops: 5 parallel loops a layer.
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
