@@ -334,18 +334,25 @@ VLLM_AMX_TARGET void packed_panel_groups_amx(float* c, const c10::BFloat16* x, i
   if constexpr (G == 4) _tile_stored(3, c + 768, 64);
 }
 
-// out[m][16 (pb + t) + n] = c[256 t + 16 m + n] (+ bias), for the columns below n_dim.
-void write_panels(c10::BFloat16* out, int64_t ldo, const float* c, const c10::BFloat16* bias,
-                  int64_t m_dim, int64_t n_dim, int64_t pb, int nb) {
+// out[m][16 (pb + t) + n] = c[256 t + 16 m + n] (+ bias), for the columns below n_dim: a row
+// of a panel a vector (its 16 sums, rounded to bf16 as the packed AVX512_BF16 tiles round theirs),
+// not a scalar conversion apiece (2-core AMX Xeon, SmolLM2's four linears at 8 rows, weights in
+// cache: 10.3 / 7.1 / 38.1 / 14.2 -> 9.5-9.7 / 6.6-6.8 / 35.5-36.5 / 13.5-14.0 us).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void write_panels(
+    c10::BFloat16* out, int64_t ldo, const float* c, const c10::BFloat16* bias, int64_t m_dim,
+    int64_t n_dim, int64_t pb, int nb) {
   for (int t = 0; t < nb; ++t) {
     const int64_t n0 = (pb + t) * kPackRows;
     const int64_t width = std::min<int64_t>(kPackRows, n_dim - n0);
+    const __mmask16 mask = width == kPackRows ? __mmask16(0xFFFF) : __mmask16((1u << width) - 1);
+    __m512 bv = _mm512_setzero_ps();
+    if (bias != nullptr) {  // bf16 -> fp32: the 16 bits moved to the top of each lane
+      bv = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias + n0)), 16));
+    }
     for (int64_t m = 0; m < m_dim; ++m) {
-      const float* cm = c + 256 * t + 16 * m;
-      for (int64_t n = 0; n < width; ++n) {
-        const float b = bias != nullptr ? static_cast<float>(bias[n0 + n]) : 0.f;
-        out[m * ldo + n0 + n] = static_cast<c10::BFloat16>(cm[n] + b);
-      }
+      const __m512 v = _mm512_add_ps(_mm512_loadu_ps(c + 256 * t + 16 * m), bv);
+      _mm256_mask_storeu_epi16(out + m * ldo + n0, mask, (__m256i)_mm512_cvtneps_pbh(v));
     }
   }
 }
