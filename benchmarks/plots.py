@@ -282,17 +282,24 @@ def plot_draft(result: dict, path: str) -> str:
     return save(fig, title_of(what, [result], host=True), path)
 
 
-def plot_draft_stages(ax, rows: list[dict], colors: list) -> None:
-    """Stacked stage times (decode_layers' stages and what the forward spends outside it) of
-    each model's batch sizes at its most threads, first path and dtype."""
+def stage_bars(rows: list[dict]) -> dict:
+    """The rows plot_draft_stages draws, by (model, batch size, path): each at its most threads
+    (the first dtype); a path per setting of an A/B (benchmark_draft.py --settings)."""
     picked = {}
     for r in rows:
-        key = (r.get("model", "?"), r.get("batch_size", 1))
+        key = (r.get("model", "?"), r.get("batch_size", 1), r.get("path", ""))
         if key not in picked or r["threads"] > picked[key]["threads"]:
             picked[key] = r
+    return picked
+
+
+def plot_draft_stages(ax, rows: list[dict], colors: list) -> None:
+    """Stacked stage times (decode_layers' stages and what the forward spends outside it) of
+    each model's batch sizes and paths (stage_bars)."""
+    picked = stage_bars(rows)
     stages = list(dict.fromkeys(k for r in picked.values() for k in r["stage_ms"]))
-    labels = [f"{model_name(m)[:12]} b{bs}, {picked[(m, bs)]['threads']} thr"
-              for m, bs in picked]
+    labels = [f"{model_name(m)[:12]} b{bs}, {picked[(m, bs, p)]['threads']} thr"
+              + (f", {p}" if p else "") for m, bs, p in picked]
     bottoms = [0.0] * len(picked)
     for i, stage in enumerate(stages):
         heights = [max(0.0, r["stage_ms"].get(stage, 0.0)) for r in picked.values()]

@@ -209,3 +209,13 @@ def test_benchmark_draft_plot(tmp_path, tiny_llama):
                     str(tmp_path / "d.json"), "--plot", str(out)],
                    check=True, cwd=ROOT, timeout=300, capture_output=True)
     check_png(out)
+
+
+def test_draft_stage_bars_keep_each_setting():
+    """An A/B's rows (benchmark_draft.py --settings: a path per setting) get a stage bar each,
+    at the most threads of each (model, batch, path)."""
+    rows = [{"model": "m", "batch_size": b, "path": p, "threads": t, "stage_ms": {"qkv": 1.0}}
+            for b in (1, 8) for p in ("fused fold", "fused no fold") for t in (2, 16)]
+    picked = plots.stage_bars(rows)
+    assert sorted(picked) == [("m", b, p) for b in (1, 8) for p in ("fused fold", "fused no fold")]
+    assert all(r["threads"] == 16 for r in picked.values())
