@@ -382,6 +382,33 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
         run(model, caches, md, ids, positions, "fused", monkeypatch)
 
 
+@pytest.mark.parametrize("fold", ["0", "1"])
+def test_bad_positions_and_slots_are_named_and_write_nothing(fold, monkeypatch):
+    """A position outside the rotary table or a slot past the cache stops decode_layers with
+    the op's error, folded into the attention or not, before any cache is written."""
+    monkeypatch.setenv("VLLM_CPU_DECODE_FOLD", fold)
+    model, config = make_model("llama-gqa", torch.float32)
+    caches, md, positions = make_step(config, torch.float32, [40, 3], [1, 1])
+    weights = cpu_decode._layer_weights(model.model)
+    attn = model.model.layers[0].self_attn
+    table = attn.rotary_emb.cos_sin_cache
+    for bad_pos, slots, message in (
+            (table.shape[0], md.slot_mapping, "is outside cos_sin_cache"),
+            (None, torch.tensor([0, caches[0][0].shape[0] * BLOCK]), "is past the cache")):
+        pos = positions.clone()
+        if bad_pos is not None:
+            pos[1] = bad_pos
+        kc, vc = [k.clone() for k, _ in caches], [v.clone() for _, v in caches]
+        with pytest.raises(RuntimeError, match=message):
+            ops.decode_layers(torch.randn(2, config.hidden_size), pos, weights,
+                              model.model.norm.weight.detach(), table, kc, vc, slots,
+                              md.block_tables, md.context_lens, md.query_start_loc,
+                              md.max_context_len, attn.num_heads, attn.num_kv_heads,
+                              attn.head_dim, 1e-5, attn.attn.scale, True, [])
+        for (k, v), k2, v2 in zip(caches, kc, vc):
+            assert torch.equal(k, k2) and torch.equal(v, v2)
+
+
 @pytest.mark.parametrize("shape", ["llama-gqa", "qwen2-bias"])  # an LM head; tied embeddings
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 8, 65])
