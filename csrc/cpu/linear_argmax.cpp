@@ -121,11 +121,13 @@ void linear_argmax(at::Tensor& out, const at::Tensor& input, const at::Tensor& w
       return;
     }
     linear_rows(logits, input, weight, nullptr, packed.numel() > 0 ? &packed : nullptr);
-    // chunks of 4096 columns, a few a thread
+    // chunks of 4096 columns, at least 64K logits a thread: a row of a 49K vocabulary is a
+    // few us on the calling thread, less than opening a parallel region costs
     constexpr int64_t kChunk = 4096;
     const int64_t chunks = (n_dim + kChunk - 1) / kChunk;
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (kChunk * rows));
     std::vector<Best> partial(chunks * rows, Best{0.f, -1});
-    parallel_for(0, chunks, 4, [&](int64_t begin, int64_t end) {
+    parallel_for(0, chunks, grain, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
         const int64_t n0 = c * kChunk, n1 = std::min(n_dim, n0 + kChunk);
         for (int64_t r = 0; r < rows; ++r) {
