@@ -4,7 +4,10 @@
 //   0: at::parallel_for (a region per task, as every vllm._C CPU op runs today),
 //   1: one thread (the master alone; no handoff between cores but no split either),
 //   2: one region for all n tasks, the master handing each task to threads spinning on a
-//      counter (a task = one atomic store + each thread's completion count).
+//      counter (a task = one atomic store + each thread's completion count),
+//   3: as 2, each thread's completion its own flag (a line of its own, the task's number
+//      stored), which the master reads in passes over all of them, instead of every thread
+//      incrementing one shared counter (whose line then moves between the cores in turn).
 // Returns microseconds per task.
 #include <torch/extension.h>
 
@@ -53,6 +56,36 @@ double run(int64_t mode, int64_t tasks, int64_t elems, int64_t threads) {
     }
   } else if (mode == 1) {
     for (int64_t s = 0; s < tasks; ++s) task_body(b, elems, 0, elems, s);
+  } else if (mode == 3) {
+    Counter gen;
+    std::vector<Counter> flags(threads);
+#pragma omp parallel num_threads(threads)
+    {
+      const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+      if (tid == 0) {
+        for (int64_t s = 0; s < tasks; ++s) {
+          gen.v.store(s + 1, std::memory_order_release);
+          task_body(b, elems, 0, elems / nt, s);
+          for (;;) {  // a pass over every flag, its loads independent of each other
+            int done = 0;
+            for (int t = 1; t < nt; ++t) done += flags[t].v.load(std::memory_order_acquire) == s + 1;
+            if (done == nt - 1) break;
+            _mm_pause();
+          }
+        }
+        gen.v.store(-1, std::memory_order_release);
+      } else {
+        int64_t seen = 0;
+        for (;;) {
+          int64_t g;
+          while ((g = gen.v.load(std::memory_order_acquire)) == seen) _mm_pause();
+          if (g < 0) break;
+          seen = g;
+          task_body(b, elems, elems * tid / nt, elems * (tid + 1) / nt, g - 1);
+          flags[tid].v.store(g, std::memory_order_release);
+        }
+      }
+    }
   } else {
     Counter gen, done;
 #pragma omp parallel num_threads(threads)

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -62,6 +63,7 @@ class Team {
       return;
     }
     Team team;
+    team.finished_.reset(new Counter[threads]);
     std::exception_ptr error;
 #pragma omp parallel num_threads(threads)
     {
@@ -104,12 +106,21 @@ class Team {
     begin_ = begin;
     end_ = end;
     chunk_ = (range + chunks - 1) / chunks;
-    done_.v.store(0, std::memory_order_relaxed);
-    generation_.v.store(++issued_, std::memory_order_release);
+    const int64_t loop = ++issued_;
+    generation_.v.store(loop, std::memory_order_release);
     active() = nullptr;  // a loop inside this chunk runs inline (as in at::parallel_for)
     run_chunk(0);
     active() = this;
-    spin_until([&] { return done_.v.load(std::memory_order_acquire) >= size_ - 1; });
+    // each thread's flag, read in passes over all of them (their loads independent): a shared
+    // counter that every thread increments moves its line between the cores once per thread
+    // (benchmarks/lab/cpu_parallel_lab.py, "a done flag a thread")
+    spin_until([&] {
+      int done = 0;
+      for (int t = 1; t < size_; ++t) {
+        done += finished_[t].v.load(std::memory_order_acquire) == loop;
+      }
+      return done == size_ - 1;
+    });
     if (loop_error_) {
       std::exception_ptr e = loop_error_;
       loop_error_ = nullptr;
@@ -134,7 +145,7 @@ class Team {
       if (g == kStop) return;
       seen = g;
       run_chunk(tid);
-      done_.v.fetch_add(1, std::memory_order_acq_rel);
+      finished_[tid].v.store(g, std::memory_order_release);
     }
   }
 
@@ -149,7 +160,8 @@ class Team {
     }
   }
 
-  Counter generation_, done_;
+  Counter generation_;
+  std::unique_ptr<Counter[]> finished_;  // a thread's last loop done, one line each
   int64_t issued_ = 0;
   int size_ = 1;
   Body body_ = nullptr;
