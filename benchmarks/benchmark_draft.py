@@ -5,7 +5,9 @@ batch size and CPU decode path (fused: one decode_layers call per step; native: 
 piece), with the share of the time spent outside the GEMMs (1 - the time of the step's matmuls
 alone, run back to back, over the forward's), the fused path's time by stage of its
 decode_layers call (the norms, each linear, rotary and cache write, attention, the activation;
-what is left of the forward is the logits, the sampling and the Python around them), the thread
+with VLLM_CPU_DECODE_FOLD's folds an op is timed in the loop it runs in: rotary and the cache
+write in attention, and on the packed tiles the norms in qkv and gate/up, silu in gate/up; what
+is left of the forward is the logits, the sampling and the Python around them), the thread
 count the draft picks at start-up, and the top ops from torch's profiler on request. A summary
 table comes last. --settings times settings of the kernels' environment variables in turns,
 forward by forward, so that an A/B shares the host's drift (a row per setting).
