@@ -335,7 +335,8 @@ def test_team_changes_nothing(dtype, context_lens, q_lens, threads, monkeypatch)
     ([60, 40], [40, 1]),  # 40 tokens of one sequence: more than one attention task (llama-gqa)
 ])
 @pytest.mark.parametrize("amx", ["0", "auto"])
-@pytest.mark.parametrize("threads", [2, 3])
+# 16: the GPU machine's host count (here more threads than cores: other chunks and tasks a panel)
+@pytest.mark.parametrize("threads", [2, 3, 16])
 def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, monkeypatch):
     """The folds (VLLM_CPU_DECODE_FOLD=1) give the same hidden states, logits and caches bit for
     bit as each op in its own loop (0): rotary and the cache write inside the attention's tasks
@@ -344,7 +345,7 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
     are more than one task), and, on the packed bf16 tiles (AVX512_BF16; AMX where the CPU has
     it), the norms and silu_and_mul inside the linears' loops (each thread normalises the rows
     for itself, the first task's thread writes the residual stream, each gate/up task finishes
-    its own columns of silu(gate) * up); with and without the team, at 2 and 3 threads. That the
+    its own columns of silu(gate) * up); with and without the team, at 2, 3 and 16 threads. That the
     folds ran is read off the stage clock (rotary + cache, and silu where the linears fold, stay
     at zero); a bad setting is refused by name."""
     if amx == "auto" and dtype == torch.float32:

@@ -64,6 +64,25 @@ def test_linear_argmax_equals_argmax_of_logits(dtype, m, n, k, packed, amx, monk
     assert (argmax(x3, w3, p3) == 0).all()
 
 
+@pytest.mark.parametrize("m", [1, 8, 40])
+@pytest.mark.parametrize("packed", [False, True])
+def test_linear_argmax_at_16_threads(m, packed, monkeypatch):
+    """As above at the GPU machine's 16 host threads (here more threads than cores): more
+    tasks and chunks to merge, the same indices."""
+    if packed and not has_avx512_bf16():
+        pytest.skip("weights pack only on AVX512_BF16")
+    saved = torch.get_num_threads()
+    torch.set_num_threads(16)
+    try:
+        torch.manual_seed(m)
+        x, w = torch.randn(m, 64).bfloat16(), (torch.randn(32000, 64) / 8).bfloat16()
+        w[20000] = w[7]  # a tie across tasks
+        p = ops.pack_linear(w) if packed else w.new_empty(0)
+        assert torch.equal(argmax(x, w, p), reference(x, w, p))
+    finally:
+        torch.set_num_threads(saved)
+
+
 def test_linear_argmax_rejects_bad_arguments():
     x, w = torch.randn(2, 8), torch.randn(5, 8)
     with pytest.raises(RuntimeError, match="out must be a contiguous CPU int64"):
