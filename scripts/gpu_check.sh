@@ -45,8 +45,8 @@
 #   fold:VLLM_CPU_DECODE_FOLD=0"; predicted: SmolLM2-135M batch 8 ~0.3-0.4 ms less, batch 1
 #   even, batch 8 / batch 1 from ~1.55 towards 1.3), twice (HOST_ONLY=1 DRAFT_TAG=_fold_r1 ...
 #   draft /tmp/o), and `python3 benchmarks/lab/cpu_parallel_lab.py 2,8,16` (the team's hand-over
-#   with one shared done counter against a done flag a thread, which team.h now uses: 3.19 ->
-#   2.89 us on 2 cores, the gain predicted at 16); then (a CUDA build: no VLLM_SKIP_BUILD after
+#   with one shared done counter against a done flag a thread, which team.h now uses: even on
+#   2 cores, the gain predicted at 16); then (a CUDA build: no VLLM_SKIP_BUILD after
 #   HOST_ONLY) the whole CUDA suite and the
 #   trained pairs (pair, PAIR_SHAPE=llama-2-13b too: the CPU draft against the same draft on the
 #   GPU at every k, drafting ahead at k = 4) with the team and folds on; on an H200 if one

@@ -56,20 +56,28 @@ double run(int64_t mode, int64_t tasks, int64_t elems, int64_t threads) {
     }
   } else if (mode == 1) {
     for (int64_t s = 0; s < tasks; ++s) task_body(b, elems, 0, elems, s);
-  } else if (mode == 3) {
-    Counter gen;
+  } else {  // 2, 3: one region, the master handing out tasks; completion as the mode says
+    const bool flags_each = mode == 3;
+    Counter gen, done;
     std::vector<Counter> flags(threads);
 #pragma omp parallel num_threads(threads)
     {
       const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
       if (tid == 0) {
         for (int64_t s = 0; s < tasks; ++s) {
+          done.v.store(0, std::memory_order_relaxed);
           gen.v.store(s + 1, std::memory_order_release);
           task_body(b, elems, 0, elems / nt, s);
-          for (;;) {  // a pass over every flag, its loads independent of each other
-            int done = 0;
-            for (int t = 1; t < nt; ++t) done += flags[t].v.load(std::memory_order_acquire) == s + 1;
-            if (done == nt - 1) break;
+          for (;;) {  // 3: a pass over every flag, its loads independent of each other
+            int finished = 0;
+            if (flags_each) {
+              for (int t = 1; t < nt; ++t) {
+                finished += flags[t].v.load(std::memory_order_acquire) == s + 1;
+              }
+            } else {
+              finished = static_cast<int>(done.v.load(std::memory_order_acquire));
+            }
+            if (finished >= nt - 1) break;
             _mm_pause();
           }
         }
@@ -82,32 +90,11 @@ double run(int64_t mode, int64_t tasks, int64_t elems, int64_t threads) {
           if (g < 0) break;
           seen = g;
           task_body(b, elems, elems * tid / nt, elems * (tid + 1) / nt, g - 1);
-          flags[tid].v.store(g, std::memory_order_release);
-        }
-      }
-    }
-  } else {
-    Counter gen, done;
-#pragma omp parallel num_threads(threads)
-    {
-      const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-      if (tid == 0) {
-        for (int64_t s = 0; s < tasks; ++s) {
-          done.v.store(0, std::memory_order_relaxed);
-          gen.v.store(s + 1, std::memory_order_release);
-          task_body(b, elems, 0, elems / nt, s);
-          while (done.v.load(std::memory_order_acquire) < nt - 1) _mm_pause();
-        }
-        gen.v.store(-1, std::memory_order_release);
-      } else {
-        int64_t seen = 0;
-        for (;;) {
-          int64_t g;
-          while ((g = gen.v.load(std::memory_order_acquire)) == seen) _mm_pause();
-          if (g < 0) break;
-          seen = g;
-          task_body(b, elems, elems * tid / nt, elems * (tid + 1) / nt, g - 1);
-          done.v.fetch_add(1, std::memory_order_acq_rel);
+          if (flags_each) {
+            flags[tid].v.store(g, std::memory_order_release);
+          } else {
+            done.v.fetch_add(1, std::memory_order_acq_rel);
+          }
         }
       }
     }

@@ -94,23 +94,17 @@ class SmallOpSplit {
   int64_t saved_;
 };
 
-// VLLM_CPU_DECODE_TEAM (read at every call; default on): the step in one parallel region,
-// its loops handed to the region's spinning threads (team.h); 0: a region per loop.
-bool team_enabled() {
-  const char* v = std::getenv("VLLM_CPU_DECODE_TEAM");
+// A 0/1 setting read at every call, on (1) by default; any other value is an error naming it.
+//   VLLM_CPU_DECODE_TEAM: the step in one parallel region, its loops handed to the region's
+//     spinning threads (team.h); 0: a region per loop.
+//   VLLM_CPU_DECODE_FOLD: rotary and the cache write folded into the attention's loop
+//     (rotary_cache_attention), and the norms and silu_and_mul into the packed linears' loops
+//     (layer_folds.h) where every linear of the step runs the packed tiles
+//     (linear_folds_apply); 0: each its own loop.
+bool switched_on(const char* name) {
+  const char* v = std::getenv(name);
   if (v == nullptr || std::strcmp(v, "1") == 0) return true;
-  TORCH_CHECK(std::strcmp(v, "0") == 0, "VLLM_CPU_DECODE_TEAM must be 0 or 1, got '", v, "'");
-  return false;
-}
-
-// VLLM_CPU_DECODE_FOLD (read at every call; default on): rotary and the cache write folded into
-// the attention's loop (rotary_cache_attention), and the norms and silu_and_mul into the packed
-// linears' loops (layer_folds.h) where every linear of the step runs the packed tiles
-// (linear_folds_apply); 0: each its own loop.
-bool fold_enabled() {
-  const char* v = std::getenv("VLLM_CPU_DECODE_FOLD");
-  if (v == nullptr || std::strcmp(v, "1") == 0) return true;
-  TORCH_CHECK(std::strcmp(v, "0") == 0, "VLLM_CPU_DECODE_FOLD must be 0 or 1, got '", v, "'");
+  TORCH_CHECK(std::strcmp(v, "0") == 0, name, " must be 0 or 1, got '", v, "'");
   return false;
 }
 
@@ -153,7 +147,7 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
               packed.size(), " for ", num_layers, " layers");
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), "hidden must be [num_tokens, hidden]");
   const int64_t m = hidden.size(0);
-  const bool fold_enabled_now = fold_enabled();
+  const bool fold_enabled_now = switched_on("VLLM_CPU_DECODE_FOLD");
   const bool fold = fold_enabled_now && linear_folds_apply(hidden, weights, packed, num_layers, m);
   const bool fold_attention =
       fold_enabled_now && rotary_cache_attention_applies(query_start_loc, num_heads, num_kv_heads);
@@ -252,7 +246,8 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
   };
   // The layers in one parallel region where every linear of the step is this extension's own
   // loop: torch's GEMM (fp32 above 8 rows) inside the region would run on one thread.
-  if (team_enabled() && linear_rows_in_house(hidden.scalar_type(), m, !packed.empty())) {
+  if (switched_on("VLLM_CPU_DECODE_TEAM") &&
+      linear_rows_in_house(hidden.scalar_type(), m, !packed.empty())) {
     Team::run(step);
   } else {
     step();

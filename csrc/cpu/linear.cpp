@@ -470,13 +470,12 @@ template void linear_small_impl<c10::BFloat16>(c10::BFloat16*, int64_t, const c1
 void linear_rows(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                  const at::Tensor* bias, const at::Tensor* packed, const LinearFold* fold) {
   const int64_t rows = input.size(0);
-  TORCH_CHECK(fold == nullptr ||
-                  (packed != nullptr && linear_rows_folds(weight.scalar_type(), rows)),
+  const bool tiles = packed != nullptr && linear_rows_folds(weight.scalar_type(), rows);
+  TORCH_CHECK(fold == nullptr || tiles,
               "linear_rows: a fold needs the packed tiles (bf16 on AVX512_BF16, packed weights, ",
               kPackedMinRows, "-", kSmallMaxRows, " rows), got ", rows, " rows of ",
               weight.scalar_type());
-  if (packed != nullptr && rows >= kPackedMinRows && rows <= kSmallMaxRows &&
-      weight.scalar_type() == at::kBFloat16) {
+  if (tiles) {
     auto* o = out.data_ptr<c10::BFloat16>();
     const auto* x = input.data_ptr<c10::BFloat16>();
     const auto* b = bias != nullptr ? bias->data_ptr<c10::BFloat16>() : nullptr;

@@ -54,15 +54,25 @@ def _packed_for(owner: Any, weight: torch.Tensor) -> torch.Tensor:
     return cached[1]
 
 
+def _weight_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """x @ weight^T takes the small-row kernels (linear_small, linear_packed, linear_argmax)."""
+    return rows_apply(x) and weight.dtype == x.dtype and weight.is_contiguous()
+
+
+def _packed_rows(x: torch.Tensor, weight: torch.Tensor, owner: Any) -> torch.Tensor:
+    """weight's packed copy kept on owner from PACKED_MIN_ROWS rows, else an empty tensor (the
+    row-major weight alone)."""
+    if owner is None or x.shape[0] < PACKED_MIN_ROWS:
+        return weight.new_empty(0)
+    return _packed_for(owner, weight)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> torch.Tensor:
     """x @ weight^T through linear_small when it applies (from PACKED_MIN_ROWS rows with
     weight's packed copy, kept on `owner`, when one is given), else F.linear."""
-    if rows_apply(x) and weight.dtype == x.dtype and weight.is_contiguous():
+    if _weight_applies(x, weight):
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-        if owner is None or x.shape[0] < PACKED_MIN_ROWS:
-            ops.linear_small(out, x.contiguous(), weight, None)
-        else:
-            ops.linear_packed(out, x.contiguous(), weight, _packed_for(owner, weight), None)
+        ops.linear_packed(out, x.contiguous(), weight, _packed_rows(x, weight, owner), None)
         return out
     return torch.nn.functional.linear(x, weight)
 
@@ -70,15 +80,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> torch.Te
 def argmax(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> Optional[torch.Tensor]:
     """Each row's first maximal index of x @ weight^T (linear's logits, a NaN as the maximum)
     through linear_argmax, which makes no fp32 logits, where it applies; else None."""
-    if not (rows_apply(x) and weight.dtype == x.dtype and weight.is_contiguous()
-            and ops.has_kernel("linear_argmax", "cpu")):
+    if not (_weight_applies(x, weight) and ops.has_kernel("linear_argmax", "cpu")):
         return None
     out = torch.empty(x.shape[0], dtype=torch.long)
-    if owner is None or x.shape[0] < PACKED_MIN_ROWS:
-        packed = weight.new_empty(0)
-    else:
-        packed = _packed_for(owner, weight)
-    ops.linear_argmax(out, x.contiguous(), weight, packed)
+    ops.linear_argmax(out, x.contiguous(), weight, _packed_rows(x, weight, owner))
     return out
 
 
