@@ -6,8 +6,9 @@ piece), with the share of the time spent outside the GEMMs (1 - the time of the 
 alone, run back to back, over the forward's), the fused path's time by stage of its
 decode_layers call (the norms, each linear, rotary and cache write, attention, the activation;
 with VLLM_CPU_DECODE_FOLD's folds an op is timed in the loop it runs in: rotary and the cache
-write in attention, and on the packed tiles the norms in qkv and gate/up, silu in gate/up; what
-is left of the forward is the logits, the sampling and the Python around them), the thread
+write in attention, and on the packed tiles the norms in qkv and gate/up, silu in gate/up; of
+the rest of the forward, the input building (positions, slots) and the logits + sampling, and
+what is left: the embedding, the final norm and the Python around them), the thread
 count the draft picks at start-up, and the top ops from torch's profiler on request. A summary
 table comes last. --settings times settings of the kernels' environment variables in turns,
 forward by forward, so that an A/B shares the host's drift (a row per setting).
@@ -83,13 +84,15 @@ def parse_settings(text: str) -> list[tuple[str, dict]]:
 
 
 def time_forwards(draft: DraftModelProposer, args, batch_size: int,
-                  settings: tuple = (("", {}),), stage_ms: tuple = (None,)
-                  ) -> list[list[float]]:
+                  settings: tuple = (("", {}),), stage_ms: tuple = (None,),
+                  outside: tuple = (None,)) -> list[list[float]]:
     """ms of each of num_forwards one-token forwards after a context of args.context tokens, per
     setting ((label, {VAR: value}), parse_settings): forward i runs under settings[i %
     len(settings)] (environment variables the kernels
-    read at each call), its decode_layers stages into stage_ms[i % len(settings)], so that the
-    settings take turns forward by forward and share the host's drift."""
+    read at each call), its decode_layers stages into stage_ms[i % len(settings)] and the ms
+    of its input building and its logits + sampling into outside[i % len(settings)] (a dict
+    {"inputs": ms, "logits_sample": ms}, or None), so that the settings take turns forward by
+    forward and share the host's drift."""
     vocab = draft.config.hf_config.vocab_size
     reqs = []
     for i in range(batch_size):
@@ -102,19 +105,36 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
             raise ValueError("the draft's KV cache is too small: raise VLLM_CPU_KVCACHE_SPACE")
     times = [[] for _ in settings]
     saved = {name: os.environ.get(name) for _, setting in settings for name in setting}
+    clock = {"which": 0, "on": False}
+
+    def timed(key, method):
+        def wrapper(*a, **kw):
+            start = time.perf_counter()
+            result = method(*a, **kw)
+            sink = outside[clock["which"]] if clock["which"] < len(outside) else None
+            if clock["on"] and sink is not None:
+                sink[key] = sink.get(key, 0.0) + (time.perf_counter() - start) * 1e3
+            return result
+        return wrapper
+    # instance attributes shadow the methods for this call only (removed below)
+    draft.runner.prepare_inputs = timed("inputs", draft.runner.prepare_inputs)
+    draft._sample = timed("logits_sample", draft._sample)
     with torch.inference_mode():
         for i in range(args.num_forwards * len(settings)):
             which = i % len(settings)
             os.environ.update(settings[which][1])
             cpu_decode.stage_ms = stage_ms[which]
+            clock["which"] = which
             if i == args.warmup * len(settings):
-                for clock in stage_ms:  # the stage clock counts the timed forwards alone
-                    if clock is not None:
-                        clock.zero_()
+                clock["on"] = True  # the clocks count the timed forwards alone
+                for stages in stage_ms:
+                    if stages is not None:
+                        stages.zero_()
             start = time.perf_counter()
             draft._draft(reqs, [1] * len(reqs))
             times[which].append((time.perf_counter() - start) * 1e3)
     cpu_decode.stage_ms = None
+    del draft.runner.prepare_inputs, draft._sample
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
@@ -131,8 +151,10 @@ def gemm_ms(model: torch.nn.Module, rows: int, path: str, repeats: int = 9) -> f
     or torch's GEMM, with the weights' packed copies from cpu_decode.PACKED_MIN_ROWS rows as the
     fused forward has them): the part of a forward that is the weight bytes."""
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    if getattr(model, "tie_word_embeddings", False):
-        weights.append(model.model.embed_tokens.weight.detach())
+    # the logits' weight: the LM head (its own module, not an nn.Linear) or the tied embedding
+    head = model.model.embed_tokens if getattr(model, "tie_word_embeddings", False) \
+        else model.lm_head
+    weights.append(head.weight.detach())
     xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
     outs = {id(w): torch.empty(rows, w.shape[0], dtype=w.dtype) for w in weights}
     fused = path == "fused" and rows <= cpu_decode.MAX_ROWS
@@ -155,9 +177,12 @@ def gemm_ms(model: torch.nn.Module, rows: int, path: str, repeats: int = 9) -> f
 
 
 def forward_row(name: str, dtype: str, threads: int, bs: int, path: str, times: list[float],
-                stages: list[float], floor: float, gemm: float, bandwidth: float) -> dict:
+                stages: list[float], outside: dict, floor: float, gemm: float,
+                bandwidth: float) -> dict:
     """One row of the result (printed as it is made): the forwards' median against the floor,
-    the GEMMs' share and, for the fused path, decode_layers' time by stage (means)."""
+    the GEMMs' share and, for the fused path, decode_layers' time by stage and of the rest of
+    the forward the input building and the logits + sampling (means); what is left is the
+    embedding, the final norm and the Python around them."""
     median = statistics.median(times)
     row = {"model": name, "dtype": dtype, "threads": threads, "batch_size": bs, "path": path,
            "ms_per_forward": median, "min": min(times), "max": max(times), "floor_ms": floor,
@@ -165,7 +190,8 @@ def forward_row(name: str, dtype: str, threads: int, bs: int, path: str, times: 
            "bandwidth_gbps": bandwidth}
     if any(stages):
         row["stage_ms"] = dict(zip(ops.DECODE_STAGES, stages))
-        row["stage_ms"]["outside_decode_layers"] = median - sum(stages)
+        row["stage_ms"].update(outside)
+        row["stage_ms"]["outside_decode_layers"] = median - sum(stages) - sum(outside.values())
     print(f"{name:<14} {dtype:<9} {threads:>3} thr  batch {bs:>2}  {path:<6} "
           f"{median:7.3f} ms (min {min(times):.3f})  floor {floor:.3f} ms "
           f"= {median / floor:4.2f}x floor  gemms {gemm:.3f} ms, "
@@ -201,14 +227,18 @@ def main(args) -> dict:
                         os.environ["VLLM_CPU_DECODE_PATH"] = path
                         clocks = tuple(torch.zeros(len(ops.DECODE_STAGES), dtype=torch.float64)
                                        for _ in settings)
-                        per_setting = time_forwards(draft, args, bs, settings, clocks)
+                        outside = tuple({} for _ in settings)
+                        per_setting = time_forwards(draft, args, bs, settings, clocks, outside)
                         gemm = gemm_ms(model, bs, path)
-                        for (setting, _), clock, times in zip(settings, clocks, per_setting):
+                        for (setting, _), clock, out, times in zip(settings, clocks, outside,
+                                                                    per_setting):
                             times = times[args.warmup:]
                             label = path if len(settings) == 1 else f"{path} {setting}"
-                            rows.append(forward_row(name, dtype, n, bs, label, times,
-                                                    (clock / max(1, len(times))).tolist(),
-                                                    floor, gemm, bandwidth))
+                            count = max(1, len(times))
+                            rows.append(forward_row(
+                                name, dtype, n, bs, label, times, (clock / count).tolist(),
+                                {k: v / count for k, v in out.items()}, floor, gemm,
+                                bandwidth))
             if args.profile:
                 from torch.profiler import ProfilerActivity, profile
                 os.environ["VLLM_CPU_DECODE_PATH"] = args.paths.split(",")[0]

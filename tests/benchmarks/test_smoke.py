@@ -4,6 +4,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -164,12 +165,17 @@ def test_time_forwards_alternates_settings(monkeypatch):
     from benchmarks import benchmark_draft as bd
     seen = []
 
+    class Runner:
+        def prepare_inputs(self):
+            pass
+
     class Draft:
         config = types.SimpleNamespace(hf_config=types.SimpleNamespace(vocab_size=10))
         block_manager = types.SimpleNamespace(grow=lambda ids, n: True)
 
         def __init__(self):
             self.seqs = {}
+            self.runner = Runner()
 
         def propose(self, reqs, ks):
             for r in reqs:
@@ -178,6 +184,12 @@ def test_time_forwards_alternates_settings(monkeypatch):
 
         def _draft(self, reqs, ks):
             seen.append((os.environ.get("X_SETTING"), bd.cpu_decode.stage_ms))
+            self.runner.prepare_inputs()
+            self._sample()
+
+        def _sample(self):  # 5 ms under setting b only
+            if os.environ.get("X_SETTING") == "b":
+                time.sleep(0.005)
 
         def free(self, req_id):
             self.seqs.pop(req_id)
@@ -186,10 +198,17 @@ def test_time_forwards_alternates_settings(monkeypatch):
     args = types.SimpleNamespace(context=4, num_forwards=3, warmup=1, settings="X_SETTING=a;"
                                  "X_SETTING=b")
     clocks = (torch.ones(2), torch.ones(2))
-    times = bd.time_forwards(Draft(), args, 2, bd.parse_settings(args.settings), clocks)
+    outside = ({}, {})
+    draft = Draft()
+    times = bd.time_forwards(draft, args, 2, bd.parse_settings(args.settings), clocks, outside)
     assert [(x, next(i for i, c in enumerate(clocks) if c is clock)) for x, clock in seen] == [
         ("a", 0), ("b", 1)] * 3
     assert all(not c.any() for c in clocks)  # zeroed after the warm-up forwards
+    # the sampling's time lands in its setting's dict, the warm-up forward's left out (2 x 5 ms
+    # counted, not 3), and the timing wrappers are gone afterwards
+    assert set(outside[0]) == set(outside[1]) == {"inputs", "logits_sample"}
+    assert outside[0]["logits_sample"] < 5 <= 10 <= outside[1]["logits_sample"] < 15
+    assert "_sample" not in vars(draft) and "prepare_inputs" not in vars(draft.runner)
     assert [len(t) for t in times] == [3, 3]
     assert os.environ["X_SETTING"] == "before" and bd.cpu_decode.stage_ms is None
 
