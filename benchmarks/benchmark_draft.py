@@ -7,8 +7,8 @@ alone, run back to back, over the forward's), the fused path's time by stage of 
 decode_layers call (the norms, each linear, rotary and cache write, attention, the activation;
 with VLLM_CPU_DECODE_FOLD's folds an op is timed in the loop it runs in: rotary and the cache
 write in attention, and on the packed tiles the norms in qkv and gate/up, silu in gate/up; of
-the rest of the forward, the input building (positions, slots) and the logits + sampling, and
-what is left: the embedding, the final norm and the Python around them), the thread
+the rest of the forward, the input building (positions, slots) and the LM head (linear_argmax,
+the greedy tokens), and what is left: the embedding and the Python around the calls), the thread
 count the draft picks at start-up, and the top ops from torch's profiler on request. A summary
 table comes last. --settings times settings of the kernels' environment variables in turns,
 forward by forward, so that an A/B shares the host's drift (a row per setting).
@@ -90,9 +90,9 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
     setting ((label, {VAR: value}), parse_settings): forward i runs under settings[i %
     len(settings)] (environment variables the kernels
     read at each call), its decode_layers stages into stage_ms[i % len(settings)] and the ms
-    of its input building and its logits + sampling into outside[i % len(settings)] (a dict
-    {"inputs": ms, "logits_sample": ms}, or None), so that the settings take turns forward by
-    forward and share the host's drift."""
+    of its input building and its LM head (linear_argmax: the greedy tokens) into outside[i %
+    len(settings)] (a dict {"inputs": ms, "lm_head": ms}, or None), so that the settings take
+    turns forward by forward and share the host's drift."""
     vocab = draft.config.hf_config.vocab_size
     reqs = []
     for i in range(batch_size):
@@ -116,9 +116,11 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
                 sink[key] = sink.get(key, 0.0) + (time.perf_counter() - start) * 1e3
             return result
         return wrapper
-    # instance attributes shadow the methods for this call only (removed below)
+    # an instance attribute and the module's function replaced for this call only (put back
+    # below)
     draft.runner.prepare_inputs = timed("inputs", draft.runner.prepare_inputs)
-    draft._sample = timed("logits_sample", draft._sample)
+    linear_argmax = ops.linear_argmax
+    ops.linear_argmax = timed("lm_head", linear_argmax)
     with torch.inference_mode():
         for i in range(args.num_forwards * len(settings)):
             which = i % len(settings)
@@ -134,7 +136,8 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
             draft._draft(reqs, [1] * len(reqs))
             times[which].append((time.perf_counter() - start) * 1e3)
     cpu_decode.stage_ms = None
-    del draft.runner.prepare_inputs, draft._sample
+    del draft.runner.prepare_inputs
+    ops.linear_argmax = linear_argmax
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
@@ -181,8 +184,8 @@ def forward_row(name: str, dtype: str, threads: int, bs: int, path: str, times: 
                 bandwidth: float) -> dict:
     """One row of the result (printed as it is made): the forwards' median against the floor,
     the GEMMs' share and, for the fused path, decode_layers' time by stage and of the rest of
-    the forward the input building and the logits + sampling (means); what is left is the
-    embedding, the final norm and the Python around them."""
+    the forward the input building and the LM head (means); what is left is the embedding and
+    the Python around the calls."""
     median = statistics.median(times)
     row = {"model": name, "dtype": dtype, "threads": threads, "batch_size": bs, "path": path,
            "ms_per_forward": median, "min": min(times), "max": max(times), "floor_ms": floor,

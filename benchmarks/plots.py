@@ -304,8 +304,8 @@ def plot_draft_stages(ax, rows: list[dict], colors: list) -> None:
     for i, stage in enumerate(stages):
         heights = [max(0.0, r["stage_ms"].get(stage, 0.0)) for r in picked.values()]
         ax.bar(range(len(picked)), heights, bottom=bottoms, color=colors[i % len(colors)],
-               label={"outside_decode_layers": "embedding, final norm, Python",
-                      "logits_sample": "logits + sampling"}.get(stage, stage))
+               label={"outside_decode_layers": "embedding, Python",
+                      "lm_head": "LM head (argmax)"}.get(stage, stage))
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set_xticks(range(len(picked)))
     ax.set_xticklabels(labels, fontsize=6, rotation=60, ha="right")

@@ -99,6 +99,11 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                              "columns) (read by the kernel at each call; 0: each op its own "
                              "loop): 5 hand-overs between cores a layer instead of 10, the same "
                              "bits"),
+    "VLLM_CPU_GREEDY_STEP": (_one_of("0", "1"), "1",
+                             "a CPU draft's plain-greedy one-token steps run the embedding, "
+                             "decode_layers and linear_argmax directly instead of through the "
+                             "model's modules and the sampler (the same ops and bits; read at "
+                             "each draft step; 0: through the model)"),
     "VLLM_CUDA_GEMV": (_gemv_rows, 8,
                        "CUDA linear layers and logits of few rows use vllm._C's linear_small "
                        "GEMV instead of torch's GEMM: off, on (steps of up to 8 rows, the "

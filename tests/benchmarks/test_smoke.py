@@ -185,15 +185,15 @@ def test_time_forwards_alternates_settings(monkeypatch):
         def _draft(self, reqs, ks):
             seen.append((os.environ.get("X_SETTING"), bd.cpu_decode.stage_ms))
             self.runner.prepare_inputs()
-            self._sample()
-
-        def _sample(self):  # 5 ms under setting b only
-            if os.environ.get("X_SETTING") == "b":
-                time.sleep(0.005)
+            bd.ops.linear_argmax()
 
         def free(self, req_id):
             self.seqs.pop(req_id)
 
+    def lm_head():  # 5 ms under setting b only
+        if os.environ.get("X_SETTING") == "b":
+            time.sleep(0.005)
+    monkeypatch.setattr(bd.ops, "linear_argmax", lm_head)
     monkeypatch.setenv("X_SETTING", "before")
     args = types.SimpleNamespace(context=4, num_forwards=3, warmup=1, settings="X_SETTING=a;"
                                  "X_SETTING=b")
@@ -204,11 +204,11 @@ def test_time_forwards_alternates_settings(monkeypatch):
     assert [(x, next(i for i, c in enumerate(clocks) if c is clock)) for x, clock in seen] == [
         ("a", 0), ("b", 1)] * 3
     assert all(not c.any() for c in clocks)  # zeroed after the warm-up forwards
-    # the sampling's time lands in its setting's dict, the warm-up forward's left out (2 x 5 ms
+    # the LM head's time lands in its setting's dict, the warm-up forward's left out (2 x 5 ms
     # counted, not 3), and the timing wrappers are gone afterwards
-    assert set(outside[0]) == set(outside[1]) == {"inputs", "logits_sample"}
-    assert outside[0]["logits_sample"] < 5 <= 10 <= outside[1]["logits_sample"] < 15
-    assert "_sample" not in vars(draft) and "prepare_inputs" not in vars(draft.runner)
+    assert set(outside[0]) == set(outside[1]) == {"inputs", "lm_head"}
+    assert outside[0]["lm_head"] < 5 <= 10 <= outside[1]["lm_head"] < 15
+    assert bd.ops.linear_argmax is lm_head and "prepare_inputs" not in vars(draft.runner)
     assert [len(t) for t in times] == [3, 3]
     assert os.environ["X_SETTING"] == "before" and bd.cpu_decode.stage_ms is None
 

@@ -425,6 +425,44 @@ def test_compute_argmax_is_the_argmax_of_the_logits(shape, dtype, rows):
                            argmax_rows(model.compute_logits(hidden)))
 
 
+@pytest.mark.parametrize("shape", ["llama-gqa", "qwen2-bias"])  # an LM head; tied embeddings
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("context_lens", [[7], [9, 30, 2], [40, 3, 17, 64, 1, 22, 9, 31],
+                                          [30] * 32 + [9] * 32])
+def test_greedy_step_is_the_models_forward_and_argmax(shape, dtype, context_lens, monkeypatch):
+    """GreedyStep (embedding, decode_layers, linear_argmax without the model's modules) gives
+    the tokens and writes the KV that the model's forward and compute_argmax do, bit for bit,
+    at 1 to 64 rows of one token each; where the path does not apply (the native path) it
+    returns None and writes nothing."""
+    model, config = make_model(shape, dtype)
+    caches, md, positions = make_step(config, dtype, context_lens, [1] * len(context_lens))
+    ids = torch.randint(0, config.vocab_size, (len(positions),),
+                        generator=torch.Generator().manual_seed(3))
+    hidden, _, ref_caches = run(model, caches, md, ids, positions, "fused", monkeypatch)
+    with torch.inference_mode():
+        ref_tokens = model.compute_argmax(hidden)
+        mine = [(k.clone(), v.clone()) for k, v in caches]
+        step = cpu_decode.GreedyStep.build(model, mine)
+        tokens = step(ids, positions, md)
+    assert torch.equal(tokens, ref_tokens)
+    for (k, v), (rk, rv) in zip(mine, ref_caches):
+        assert torch.equal(k, rk) and torch.equal(v, rv)
+    monkeypatch.setenv("VLLM_CPU_DECODE_PATH", "native")
+    untouched = [(k.clone(), v.clone()) for k, v in caches]
+    with torch.inference_mode():
+        assert cpu_decode.GreedyStep.build(model, untouched)(ids, positions, md) is None
+    assert all(torch.equal(k, k0) and torch.equal(v, v0)
+               for (k, v), (k0, v0) in zip(untouched, caches))
+
+
+def test_greedy_step_is_built_for_cpu_llama_models_only():
+    """No GreedyStep for a model that is not Llama-family or whose weights are not on the CPU."""
+    model, _ = make_model("llama-gqa", torch.float32)
+    assert cpu_decode.GreedyStep.build(model, []) is not None
+    assert cpu_decode.GreedyStep.build(torch.nn.Linear(2, 2), []) is None
+    assert cpu_decode.GreedyStep.build(model.to("meta"), []) is None
+
+
 def test_opcheck():
     model, config = make_model("qwen2-bias", torch.float32)
     caches, md, positions = make_step(config, torch.float32, [20, 5], [2, 1])

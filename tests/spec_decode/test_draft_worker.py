@@ -145,6 +145,9 @@ def test_drafts_made_ahead_are_used_only_when_valid(spec_target, spec_draft, out
     forwards = worker.runner.model.forward
     calls = []
     worker.runner.model.forward = lambda *a, **kw: calls.append(1) or forwards(*a, **kw)
+    step = worker.greedy_step  # a greedy one-token step runs outside the model's forward
+    if step is not None:
+        worker.greedy_step = lambda *a: calls.append(1) or step(*a)
     k = {"hit-fewer": 2, "hit-more": 5}.get(outcome, 3)
     proposal = worker.propose([req], [k]).result()
     got = proposal.draft_token_ids[0]
@@ -163,3 +166,25 @@ def test_drafts_made_ahead_are_used_only_when_valid(spec_target, spec_draft, out
     fresh = make_proposer(spec_target, spec_draft)
     assert (worker.propose([req], [2]).result().draft_token_ids[0]
             == fresh.propose([req], [2]).result().draft_token_ids[0])
+
+
+def test_greedy_steps_draft_what_the_model_path_drafts(spec_target, spec_draft, monkeypatch):
+    """A plain-greedy draft's one-token steps run GreedyStep (VLLM_CPU_GREEDY_STEP=1, the
+    default) and draft exactly what the steps through the model and the sampler draft (=0),
+    over a batch, a rollback and a catch-up."""
+    drafts, used = {}, {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("VLLM_CPU_GREEDY_STEP", setting)
+        worker = make_proposer(spec_target, spec_draft)
+        step, calls = worker.greedy_step, []
+        assert step is not None
+        worker.greedy_step = lambda *a: calls.append(1) or step(*a)
+        reqs = [Request(f"r{i}", None, list(range(10 + i, 30 + 2 * i)),
+                        SamplingParams(temperature=0.0), None) for i in range(3)]
+        got = [worker.propose(reqs, [4, 2, 3]).result().draft_token_ids]
+        worker.accept(reqs[0], 1)  # a rollback, and a catch-up of two tokens
+        reqs[0].output_token_ids = got[0][0][:1] + [(got[0][0][1] + 1) % 400, 5]
+        got.append(worker.propose(reqs, [3, 3, 3]).result().draft_token_ids)
+        drafts[setting], used[setting] = got, len(calls)
+    assert drafts["1"] == drafts["0"]
+    assert used["0"] == 0 and used["1"] > 0

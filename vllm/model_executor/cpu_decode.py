@@ -119,36 +119,105 @@ def _layer_packed(weights: list[torch.Tensor]) -> list[torch.Tensor]:
     return packed if any(p.numel() > 0 for p in packed) else []
 
 
-def forward(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Optional[torch.Tensor]:
-    """The final norm's output for the embedded tokens `hidden`, or None when the path does not
-    apply (the caller then runs the per-op layers). model: a LlamaModel."""
-    if not rows_apply(hidden) or not model.layers:
-        return None
-    if model.layers[0].self_attn.o_proj.tp.size > 1:
-        return None  # a shard's layer needs its all-reduces: the per-op path has them
+def _decode_weights(model: Any) -> Optional[list[torch.Tensor]]:
+    """model's (a LlamaModel's) per-layer tensors for decode_layers, gathered once and again
+    when its weights are replaced; None when a layer has a piece decode_layers lacks."""
     cached = getattr(model, "_decode_weights", None)
     key = model.layers[0].self_attn.qkv_proj.weight.data_ptr()  # weights replaced: pack again
     if cached is None or cached[0] != key:
         cached = (key, _layer_weights(model))
         model._decode_weights = cached
         model._decode_packed = None
-    weights = cached[1]
+    return cached[1]
+
+
+def _decode_packed(model: Any, weights: list[torch.Tensor], rows: int) -> list[torch.Tensor]:
+    """decode_layers' packed copies for a step of `rows` rows: made at the first step of
+    PACKED_MIN_ROWS rows or more, none below."""
+    if rows < PACKED_MIN_ROWS:
+        return []
+    if model._decode_packed is None:
+        model._decode_packed = _layer_packed(weights)
+    return model._decode_packed
+
+
+def _applies(model: Any, hidden: torch.Tensor) -> Optional[list[torch.Tensor]]:
+    """The per-layer tensors when decode_layers can run model's (a LlamaModel's) layers over
+    hidden, else None."""
+    if not rows_apply(hidden) or not model.layers:
+        return None
+    if model.layers[0].self_attn.o_proj.tp.size > 1:
+        return None  # a shard's layer needs its all-reduces: the per-op path has them
+    weights = _decode_weights(model)
     if weights is None or weights[1].dtype != hidden.dtype:
         return None
-    packed = []
-    if hidden.shape[0] >= PACKED_MIN_ROWS:  # packed at the first step that can use them
-        if model._decode_packed is None:
-            model._decode_packed = _layer_packed(weights)
-        packed = model._decode_packed
-    from vllm.forward_context import get_forward_context
-    ctx = get_forward_context()
-    md = ctx.attn_metadata
+    return weights
+
+
+def _run_layers(model: Any, hidden: torch.Tensor, positions: torch.Tensor,
+                weights: list[torch.Tensor], kv_caches: list, md: Any) -> None:
+    """decode_layers over the contiguous hidden, in place (the final norm's output)."""
     attn = model.layers[0].self_attn
-    hidden = hidden.contiguous()
     ops.decode_layers(hidden, positions, weights, model.norm.weight.detach(),
-                      attn.rotary_emb.cos_sin_cache, [k for k, _ in ctx.kv_caches],
-                      [v for _, v in ctx.kv_caches], md.slot_mapping, md.block_tables,
+                      attn.rotary_emb.cos_sin_cache, [k for k, _ in kv_caches],
+                      [v for _, v in kv_caches], md.slot_mapping, md.block_tables,
                       md.context_lens, md.query_start_loc, md.max_context_len, attn.num_heads,
                       attn.num_kv_heads, attn.head_dim, model.norm.variance_epsilon,
-                      attn.attn.scale, True, packed, stage_ms)
+                      attn.attn.scale, True, _decode_packed(model, weights, hidden.shape[0]),
+                      stage_ms)
+
+
+def forward(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Optional[torch.Tensor]:
+    """The final norm's output for the embedded tokens `hidden`, or None when the path does not
+    apply (the caller then runs the per-op layers). model: a LlamaModel."""
+    weights = _applies(model, hidden)
+    if weights is None:
+        return None
+    from vllm.forward_context import get_forward_context
+    ctx = get_forward_context()
+    hidden = hidden.contiguous()
+    _run_layers(model, hidden, positions, weights, ctx.kv_caches, ctx.attn_metadata)
     return hidden
+
+
+class GreedyStep:
+    """A plain-greedy step of one token per sequence of a Llama-family model on the CPU in three
+    native calls, the embedding, decode_layers (every layer and the final norm) and
+    linear_argmax (the LM head's tokens), without the model's modules, the forward context and
+    the sampling's dispatch between them: the same ops and bits as the model's forward and
+    compute_argmax on this path (a draft's loop spends ~0.1 ms a forward in that Python on a
+    2-core Xeon, 10-15% of a 20M draft's step). A call returns None where the path does not
+    apply (more rows, VLLM_CPU_DECODE_PATH=native); the caller then runs the model."""
+
+    def __init__(self, model: Any, kv_caches: list) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.head = model.model.embed_tokens if model.tie_word_embeddings else model.lm_head
+
+    @staticmethod
+    def build(model: Any, kv_caches: list) -> Optional["GreedyStep"]:
+        """A GreedyStep for model and its KV caches, or None where this path never runs (not a
+        Llama-family model, a shard, not on the CPU, no linear_argmax kernel)."""
+        from vllm.model_executor.models.llama import LlamaForCausalLM
+        if not isinstance(model, LlamaForCausalLM) or not model.model.layers:
+            return None
+        embed = model.model.embed_tokens
+        if (embed.weight.device.type != "cpu" or embed.tp.size > 1
+                or not ops.has_kernel("linear_argmax", "cpu")):
+            return None
+        return GreedyStep(model, kv_caches)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                 md: Any) -> Optional[torch.Tensor]:
+        """The greedy tokens [rows] after input_ids, one token per sequence of md (each row
+        sampled), or None where this path does not apply (nothing then has run)."""
+        inner = self.model.model
+        hidden = torch.nn.functional.embedding(input_ids, inner.embed_tokens.weight)
+        weights = _applies(inner, hidden)
+        if weights is None or not _weight_applies(hidden, self.head.weight):
+            return None
+        _run_layers(inner, hidden, positions, weights, self.kv_caches, md)
+        tokens = torch.empty(hidden.shape[0], dtype=torch.long)
+        ops.linear_argmax(tokens, hidden, self.head.weight,
+                          _packed_rows(hidden, self.head.weight, self.head))
+        return tokens

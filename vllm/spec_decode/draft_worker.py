@@ -22,6 +22,7 @@ from vllm.core.request import Request
 from vllm.core.scheduler import SchedulerOutput
 from vllm.forward_context import AttentionMetadata, set_forward_context
 from vllm.logger import init_logger
+from vllm.model_executor import cpu_decode
 from vllm.model_executor.model_loader.loader import resolve_config
 from vllm.model_executor.sampler import Sampler, SamplingBatch, argmax_rows
 from vllm.spec_decode.proposer import Proposal, ProposalHandle, Proposer
@@ -95,6 +96,8 @@ class DraftModelProposer(Proposer):
         self.runner.load_model()
         num_blocks = kv_cache.num_blocks_for_memory(self.config)
         self.runner.initialize_cache(num_blocks)
+        # plain-greedy one-token steps in three native calls (None: not a CPU Llama-family draft)
+        self.greedy_step = cpu_decode.GreedyStep.build(self.runner.model, self.runner.kv_caches)
         self.num_threads = torch.get_num_threads()
         if self.config.device.type == "cpu" and (owns_process
                                                  or target_config.device.type != "cpu"):
@@ -182,6 +185,8 @@ class DraftModelProposer(Proposer):
         drafts = {r.req_id: [] for r in reqs}
         probs = {r.req_id: [] for r in reqs}
         first_forward_s = 0.0
+        greedy = (self.greedy_step is not None and envs.VLLM_CPU_GREEDY_STEP == "1"
+                  and all(r.sampling_params.is_plain_greedy for r in reqs))
         for step in range(max(ks, default=0)):
             start = time.perf_counter()
             live = [(r, self.seqs[r.req_id]) for r, k in zip(reqs, ks) if k > step]
@@ -190,8 +195,15 @@ class DraftModelProposer(Proposer):
                                                         for _, s in live])
             out.draft_token_ids = [[] for _ in live]
             inp = self.runner.prepare_inputs(out)
-            hidden = self.runner.run_model(inp)
-            tokens, token_probs = self._sample(hidden[inp.logits_indices], [r for r, _ in live])
+            drawn = None
+            if greedy and inp.input_ids.shape[0] == len(inp.logits_indices) == len(live):
+                drawn = self.greedy_step(inp.input_ids, inp.positions, inp.attn_metadata)
+            if drawn is not None:  # one token a sequence, each sampled
+                tokens, token_probs = drawn.tolist(), [None] * len(live)
+            else:
+                hidden = self.runner.run_model(inp)
+                tokens, token_probs = self._sample(hidden[inp.logits_indices],
+                                                   [r for r, _ in live])
             for (req, seq), n, tok, p in zip(live, out.num_scheduled_tokens, tokens, token_probs):
                 seq.num_computed_tokens += n
                 seq.token_ids.append(tok)
