@@ -50,7 +50,7 @@ def make_draft(args, model: str, dtype: str) -> DraftModelProposer:
     draft itself; its thread count is set per row here (the start-up pick is measured apart)."""
     engine_args = EngineArgs(model=model, device="cpu", dtype=dtype,
                              load_format=args.load_format,
-                             max_model_len=(args.context + 16 + args.num_forwards
+                             max_model_len=(args.context + 16 + args.num_forwards * args.steps
                                             * len(parse_settings(args.settings))),
                              max_num_seqs=max(args.batch_sizes),
                              speculative_model=model, num_speculative_tokens=1,
@@ -86,7 +86,8 @@ def parse_settings(text: str) -> list[tuple[str, dict]]:
 def time_forwards(draft: DraftModelProposer, args, batch_size: int,
                   settings: tuple = (("", {}),), stage_ms: tuple = (None,),
                   outside: tuple = (None,)) -> list[list[float]]:
-    """ms of each of num_forwards one-token forwards after a context of args.context tokens, per
+    """ms of each of num_forwards one-token forwards after a context of args.context tokens (a
+    draft call of args.steps forwards, its time over args.steps: a draft step of k = steps), per
     setting ((label, {VAR: value}), parse_settings): forward i runs under settings[i %
     len(settings)] (environment variables the kernels
     read at each call), its decode_layers stages into stage_ms[i % len(settings)] and the ms
@@ -101,7 +102,8 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
     draft.propose(reqs, [1] * len(reqs)).result()  # the context's forward (a prefill)
     for req in reqs:
         if not draft.block_manager.grow(draft.seqs[req.req_id].block_ids,
-                                        args.context + args.num_forwards * len(settings) + 2):
+                                        args.context + args.num_forwards * args.steps
+                                        * len(settings) + 2):
             raise ValueError("the draft's KV cache is too small: raise VLLM_CPU_KVCACHE_SPACE")
     times = [[] for _ in settings]
     saved = {name: os.environ.get(name) for _, setting in settings for name in setting}
@@ -133,8 +135,8 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
                     if stages is not None:
                         stages.zero_()
             start = time.perf_counter()
-            draft._draft(reqs, [1] * len(reqs))
-            times[which].append((time.perf_counter() - start) * 1e3)
+            draft._draft(reqs, [args.steps] * len(reqs))
+            times[which].append((time.perf_counter() - start) * 1e3 / args.steps)
     cpu_decode.stage_ms = None
     del draft.runner.prepare_inputs
     ops.linear_argmax = linear_argmax
@@ -237,7 +239,7 @@ def main(args) -> dict:
                                                                     per_setting):
                             times = times[args.warmup:]
                             label = path if len(settings) == 1 else f"{path} {setting}"
-                            count = max(1, len(times))
+                            count = max(1, len(times)) * args.steps
                             rows.append(forward_row(
                                 name, dtype, n, bs, label, times, (clock / count).tolist(),
                                 {k: v / count for k, v in out.items()}, floor, gemm,
@@ -294,6 +296,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--num-forwards", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=1,
+                        help="forwards per draft call (a draft step of k = steps: from the "
+                             "second on, a plain-greedy draft's forwards run in one native "
+                             "call); each forward's time is the call's over steps")
     parser.add_argument("--settings", default="default",
                         help="';'-separated settings of environment variables the kernels read "
                              "at each call, each an optional LABEL: and ','-joined VAR=value "

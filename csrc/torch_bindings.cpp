@@ -36,6 +36,13 @@ TORCH_LIBRARY(_C, m) {
   m.def("linear_packed(Tensor! out, Tensor input, Tensor weight, Tensor packed, Tensor? bias) -> ()");
   // a greedy draft's tokens: each row's first maximal index of input @ weight^T (CPU only)
   m.def("linear_argmax(Tensor! out, Tensor input, Tensor weight, Tensor packed) -> ()");
+  // a greedy draft's next steps in one call: embedding, decode_layers, linear_argmax (CPU only)
+  m.def(
+      "greedy_steps(Tensor! tokens, Tensor input_ids, Tensor positions, Tensor embedding, "
+      "Tensor[] weights, Tensor final_norm, Tensor cos_sin_cache, Tensor(a!)[] key_caches, "
+      "Tensor(b!)[] value_caches, Tensor block_tables, int num_heads, int num_kv_heads, "
+      "int head_size, float epsilon, float scale, bool is_neox, Tensor[] packed, Tensor head, "
+      "Tensor head_packed, Tensor(c!)? stage_ms=None) -> ()");
 }
 
 #define VLLM_REGISTER_KERNELS(m, ns)                          \
@@ -55,6 +62,7 @@ TORCH_LIBRARY_IMPL(_C, CPU, m) {
   m.impl("pack_linear", &vllm_cpu::pack_linear);
   m.impl("linear_packed", &vllm_cpu::linear_packed);
   m.impl("linear_argmax", &vllm_cpu::linear_argmax);
+  m.impl("greedy_steps", &vllm_cpu::greedy_steps);
 }
 
 #ifdef VLLM_WITH_CUDA

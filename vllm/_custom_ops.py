@@ -98,7 +98,8 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
 
 
 # CPU-only ops (no CUDA kernel): a decode step of few rows (vllm/model_executor/cpu_decode.py)
-CPU_OP_NAMES = ("decode_layers", "pack_linear", "linear_packed", "linear_argmax")
+CPU_OP_NAMES = ("decode_layers", "pack_linear", "linear_packed", "linear_argmax",
+                "greedy_steps")
 
 
 def linear_small(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
@@ -151,3 +152,19 @@ def linear_argmax(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
     NaN counting as the maximum, as numpy's argmax): a greedy draft's tokens without its logits.
     packed: as for linear_packed."""
     _call("linear_argmax", input.device, out, input, weight, packed)
+
+
+def greedy_steps(tokens: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                 embedding: torch.Tensor, weights: list[torch.Tensor], final_norm: torch.Tensor,
+                 cos_sin_cache: torch.Tensor, key_caches: list[torch.Tensor],
+                 value_caches: list[torch.Tensor], block_tables: torch.Tensor, num_heads: int,
+                 num_kv_heads: int, head_size: int, epsilon: float, scale: float,
+                 is_neox: bool, packed: list[torch.Tensor], head: torch.Tensor,
+                 head_packed: torch.Tensor, stage_ms: Optional[torch.Tensor] = None) -> None:
+    """tokens [steps, rows] (int64) = a plain-greedy draft's next steps tokens a sequence, in one
+    call: from input_ids at positions (one token a sequence), each step embedding's rows,
+    decode_layers (its arguments; the slots and context lengths from block_tables) and
+    linear_argmax over head, whose tokens the next step feeds at the next positions."""
+    _call("greedy_steps", input_ids.device, tokens, input_ids, positions, embedding, weights,
+          final_norm, cos_sin_cache, key_caches, value_caches, block_tables, num_heads,
+          num_kv_heads, head_size, epsilon, scale, is_neox, packed, head, head_packed, stage_ms)

@@ -183,6 +183,7 @@ def test_time_forwards_alternates_settings(monkeypatch):
             return types.SimpleNamespace(result=lambda: None)
 
         def _draft(self, reqs, ks):
+            assert ks == [2, 2]  # args.steps forwards a call
             seen.append((os.environ.get("X_SETTING"), bd.cpu_decode.stage_ms))
             self.runner.prepare_inputs()
             bd.ops.linear_argmax()
@@ -195,8 +196,8 @@ def test_time_forwards_alternates_settings(monkeypatch):
             time.sleep(0.005)
     monkeypatch.setattr(bd.ops, "linear_argmax", lm_head)
     monkeypatch.setenv("X_SETTING", "before")
-    args = types.SimpleNamespace(context=4, num_forwards=3, warmup=1, settings="X_SETTING=a;"
-                                 "X_SETTING=b")
+    args = types.SimpleNamespace(context=4, num_forwards=3, warmup=1, steps=2,
+                                 settings="X_SETTING=a;X_SETTING=b")
     clocks = (torch.ones(2), torch.ones(2))
     outside = ({}, {})
     draft = Draft()
@@ -210,6 +211,7 @@ def test_time_forwards_alternates_settings(monkeypatch):
     assert outside[0]["lm_head"] < 5 <= 10 <= outside[1]["lm_head"] < 15
     assert bd.ops.linear_argmax is lm_head and "prepare_inputs" not in vars(draft.runner)
     assert [len(t) for t in times] == [3, 3]
+    assert all(2.5 <= t < 5 for t in times[1])  # a forward's time: the call's over steps
     assert os.environ["X_SETTING"] == "before" and bd.cpu_decode.stage_ms is None
 
 

@@ -425,34 +425,75 @@ def test_compute_argmax_is_the_argmax_of_the_logits(shape, dtype, rows):
                            argmax_rows(model.compute_logits(hidden)))
 
 
+def step_metadata(tables: torch.Tensor, positions: torch.Tensor) -> AttentionMetadata:
+    """The metadata of a step feeding one token a sequence at positions, with these tables."""
+    rows = positions.shape[0]
+    slots = torch.stack([tables[r, int(p) // BLOCK].long() * BLOCK + int(p) % BLOCK
+                         for r, p in enumerate(positions)])
+    return AttentionMetadata(slots, tables, (positions + 1).to(torch.int32),
+                             torch.arange(rows + 1, dtype=torch.int32),
+                             int(positions.max()) + 1, [1] * rows, False)
+
+
 @pytest.mark.parametrize("shape", ["llama-gqa", "qwen2-bias"])  # an LM head; tied embeddings
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("context_lens", [[7], [9, 30, 2], [40, 3, 17, 64, 1, 22, 9, 31],
                                           [30] * 32 + [9] * 32])
-def test_greedy_step_is_the_models_forward_and_argmax(shape, dtype, context_lens, monkeypatch):
-    """GreedyStep (embedding, decode_layers, linear_argmax without the model's modules) gives
-    the tokens and writes the KV that the model's forward and compute_argmax do, bit for bit,
-    at 1 to 64 rows of one token each; where the path does not apply (the native path) it
+@pytest.mark.parametrize("steps", [1, 3])
+def test_greedy_step_is_the_models_forward_and_argmax(shape, dtype, context_lens, steps,
+                                                      monkeypatch):
+    """GreedyStep (greedy_steps: each step the embedding, decode_layers and linear_argmax, its
+    tokens the next step's input) gives the tokens and writes the KV that as many steps of the
+    model's forward and compute_argmax do, bit for bit, at 1 to 64 rows (a block boundary
+    crossed between steps: 30 + 3 > 32); where the path does not apply (the native path) it
     returns None and writes nothing."""
     model, config = make_model(shape, dtype)
-    caches, md, positions = make_step(config, dtype, context_lens, [1] * len(context_lens))
+    # blocks for the last step's positions; the first step feeds each sequence's token c - 1
+    caches, md, _ = make_step(config, dtype, [c + steps for c in context_lens],
+                              [1] * len(context_lens))
+    positions = torch.tensor([c - 1 for c in context_lens])
     ids = torch.randint(0, config.vocab_size, (len(positions),),
                         generator=torch.Generator().manual_seed(3))
-    hidden, _, ref_caches = run(model, caches, md, ids, positions, "fused", monkeypatch)
+    monkeypatch.setenv("VLLM_CPU_DECODE_PATH", "fused")
+    ref_caches = [(k.clone(), v.clone()) for k, v in caches]
+    ref_tokens, step_ids = [], ids
     with torch.inference_mode():
-        ref_tokens = model.compute_argmax(hidden)
+        for s in range(steps):
+            with set_forward_context(step_metadata(md.block_tables, positions + s), ref_caches):
+                step_ids = model.compute_argmax(model(step_ids, positions + s))
+            ref_tokens.append(step_ids)
         mine = [(k.clone(), v.clone()) for k, v in caches]
-        step = cpu_decode.GreedyStep.build(model, mine)
-        tokens = step(ids, positions, md)
-    assert torch.equal(tokens, ref_tokens)
+        tokens = cpu_decode.GreedyStep.build(model, mine)(ids, positions, md.block_tables,
+                                                          steps)
+    assert torch.equal(tokens, torch.stack(ref_tokens))
     for (k, v), (rk, rv) in zip(mine, ref_caches):
         assert torch.equal(k, rk) and torch.equal(v, rv)
     monkeypatch.setenv("VLLM_CPU_DECODE_PATH", "native")
     untouched = [(k.clone(), v.clone()) for k, v in caches]
     with torch.inference_mode():
-        assert cpu_decode.GreedyStep.build(model, untouched)(ids, positions, md) is None
+        step = cpu_decode.GreedyStep.build(model, untouched)
+        assert step(ids, positions, md.block_tables, steps) is None
     assert all(torch.equal(k, k0) and torch.equal(v, v0)
                for (k, v), (k0, v0) in zip(untouched, caches))
+
+
+def test_greedy_steps_reject_tables_and_tokens_out_of_range():
+    """Steps reaching past a sequence's block table, or a token outside the embedding, are
+    named, and nothing is written."""
+    model, config = make_model("llama-gqa", torch.float32)
+    caches, md, _ = make_step(config, torch.float32, [20, 5], [1, 1])
+    step = cpu_decode.GreedyStep.build(model, caches)
+    before = [(k.clone(), v.clone()) for k, v in caches]
+    width = md.block_tables.shape[1] * BLOCK
+    cases = [(torch.tensor([1, 2]), torch.tensor([width - 2, 3]), 3, "reach past the block"),
+             (torch.tensor([1, config.vocab_size]), torch.tensor([19, 4]), 1,
+              "outside the embedding")]
+    with torch.inference_mode():
+        for ids, positions, steps, message in cases:
+            with pytest.raises(RuntimeError, match=message):
+                step(ids, positions, md.block_tables, steps)
+    assert all(torch.equal(k, k0) and torch.equal(v, v0)
+               for (k, v), (k0, v0) in zip(caches, before))
 
 
 def test_greedy_step_is_built_for_cpu_llama_models_only():
@@ -480,6 +521,13 @@ def test_opcheck():
                           (torch.empty(3, 40), x, w, torch.randn(40)))
     torch.library.opcheck(torch.ops._C.linear_argmax.default,
                           (torch.empty(3, dtype=torch.long), x, w, w.new_empty(0)))
+    embed = model.model.embed_tokens.weight.detach()
+    torch.library.opcheck(torch.ops._C.greedy_steps.default, (
+        torch.empty(2, 2, dtype=torch.long), torch.tensor([3, 4]), torch.tensor([19, 4]), embed,
+        weights, model.model.norm.weight.detach(), attn.rotary_emb.cos_sin_cache,
+        [k for k, _ in caches], [v for _, v in caches], md.block_tables, attn.num_heads,
+        attn.num_kv_heads, attn.head_dim, 1e-5, attn.attn.scale, True, [], embed,
+        embed.new_empty(0)))
 
 
 

@@ -181,43 +181,57 @@ def forward(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Option
 
 
 class GreedyStep:
-    """A plain-greedy step of one token per sequence of a Llama-family model on the CPU in three
-    native calls, the embedding, decode_layers (every layer and the final norm) and
-    linear_argmax (the LM head's tokens), without the model's modules, the forward context and
-    the sampling's dispatch between them: the same ops and bits as the model's forward and
-    compute_argmax on this path (a draft's loop spends ~0.1 ms a forward in that Python on a
-    2-core Xeon, 10-15% of a 20M draft's step). A call returns None where the path does not
-    apply (more rows, VLLM_CPU_DECODE_PATH=native); the caller then runs the model."""
+    """A plain-greedy draft's next one-token steps of a Llama-family model on the CPU in one
+    native call (greedy_steps): each step the embedding, decode_layers (every layer and the
+    final norm) and linear_argmax (the LM head's tokens), whose tokens feed the next step; the
+    same ops and bits as that many steps of the model's forward and compute_argmax on this
+    path, without the Python between them (a draft's loop spent ~0.25 ms of a 0.9 ms step in
+    it on a 2-core Xeon, a 20M draft). A call returns None where the path does not apply (more
+    than MAX_ROWS rows, VLLM_CPU_DECODE_PATH=native, a dtype it lacks); nothing has run then."""
 
     def __init__(self, model: Any, kv_caches: list) -> None:
         self.model = model
-        self.kv_caches = kv_caches
         self.head = model.model.embed_tokens if model.tie_word_embeddings else model.lm_head
+        self.key_caches = [k for k, _ in kv_caches]
+        self.value_caches = [v for _, v in kv_caches]
 
     @staticmethod
     def build(model: Any, kv_caches: list) -> Optional["GreedyStep"]:
         """A GreedyStep for model and its KV caches, or None where this path never runs (not a
-        Llama-family model, a shard, not on the CPU, no linear_argmax kernel)."""
+        Llama-family model, a shard, not on the CPU, no greedy_steps kernel)."""
         from vllm.model_executor.models.llama import LlamaForCausalLM
         if not isinstance(model, LlamaForCausalLM) or not model.model.layers:
             return None
         embed = model.model.embed_tokens
         if (embed.weight.device.type != "cpu" or embed.tp.size > 1
-                or not ops.has_kernel("linear_argmax", "cpu")):
+                or model.model.layers[0].self_attn.o_proj.tp.size > 1
+                or not ops.has_kernel("greedy_steps", "cpu")):
             return None
         return GreedyStep(model, kv_caches)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                 md: Any) -> Optional[torch.Tensor]:
-        """The greedy tokens [rows] after input_ids, one token per sequence of md (each row
-        sampled), or None where this path does not apply (nothing then has run)."""
+                 block_tables: torch.Tensor, steps: int = 1) -> Optional[torch.Tensor]:
+        """The greedy tokens [steps, rows] after input_ids [rows] at positions [rows] (one token
+        a sequence, int64; block_tables int32 [rows, blocks] covering every position the steps
+        write), or None where this path does not apply."""
         inner = self.model.model
-        hidden = torch.nn.functional.embedding(input_ids, inner.embed_tokens.weight)
-        weights = _applies(inner, hidden)
-        if weights is None or not _weight_applies(hidden, self.head.weight):
+        embedding, head = inner.embed_tokens.weight.detach(), self.head.weight.detach()
+        rows = input_ids.shape[0]
+        if (not 0 < rows <= MAX_ROWS or embedding.dtype not in DTYPES
+                or head.dtype != embedding.dtype or not head.is_contiguous()
+                or envs.VLLM_CPU_DECODE_PATH != "fused"):
             return None
-        _run_layers(inner, hidden, positions, weights, self.kv_caches, md)
-        tokens = torch.empty(hidden.shape[0], dtype=torch.long)
-        ops.linear_argmax(tokens, hidden, self.head.weight,
-                          _packed_rows(hidden, self.head.weight, self.head))
+        weights = _decode_weights(inner)
+        if weights is None or weights[1].dtype != embedding.dtype:
+            return None
+        attn = inner.layers[0].self_attn
+        head_packed = (_packed_for(self.head, head) if rows >= PACKED_MIN_ROWS
+                       else head.new_empty(0))
+        tokens = torch.empty(steps, rows, dtype=torch.long)
+        ops.greedy_steps(tokens, input_ids, positions, embedding, weights,
+                         inner.norm.weight.detach(), attn.rotary_emb.cos_sin_cache,
+                         self.key_caches, self.value_caches, block_tables, attn.num_heads,
+                         attn.num_kv_heads, attn.head_dim, inner.norm.variance_epsilon,
+                         attn.attn.scale, True, _decode_packed(inner, weights, rows), head,
+                         head_packed, stage_ms)
         return tokens

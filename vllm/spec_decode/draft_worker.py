@@ -181,37 +181,67 @@ class DraftModelProposer(Proposer):
     def _draft(self, reqs: list[Request], ks: list[int]
                ) -> tuple[dict[str, list[int]], dict[str, list], float]:
         """ks[i] tokens after each sequence's tokens: the first forward feeds every token whose
-        KV is missing, each later one the token drawn before it."""
+        KV is missing, each later one the token drawn before it. Plain-greedy requests' steps
+        of one token a sequence run in one native call (GreedyStep) up to the first live
+        request's last step (the first forward alone, whose time is measured)."""
         drafts = {r.req_id: [] for r in reqs}
         probs = {r.req_id: [] for r in reqs}
         first_forward_s = 0.0
         greedy = (self.greedy_step is not None and envs.VLLM_CPU_GREEDY_STEP == "1"
                   and all(r.sampling_params.is_plain_greedy for r in reqs))
-        for step in range(max(ks, default=0)):
+        step, last = 0, max(ks, default=0)
+        while step < last:
             start = time.perf_counter()
             live = [(r, self.seqs[r.req_id]) for r, k in zip(reqs, ks) if k > step]
-            out = SchedulerOutput(requests=[s for _, s in live],
-                                  num_scheduled_tokens=[s.num_tokens - s.num_computed_tokens
-                                                        for _, s in live])
-            out.draft_token_ids = [[] for _ in live]
-            inp = self.runner.prepare_inputs(out)
-            drawn = None
-            if greedy and inp.input_ids.shape[0] == len(inp.logits_indices) == len(live):
-                drawn = self.greedy_step(inp.input_ids, inp.positions, inp.attn_metadata)
-            if drawn is not None:  # one token a sequence, each sampled
-                tokens, token_probs = drawn.tolist(), [None] * len(live)
+            steps = 1 if step == 0 else min(k for k in ks if k > step) - step
+            drawn = self._greedy_steps([seq for _, seq in live], steps) if greedy else None
+            if drawn is not None:
+                for (req, seq), tokens in zip(live, zip(*drawn)):
+                    seq.num_computed_tokens += steps
+                    seq.token_ids.extend(tokens)
+                    drafts[req.req_id].extend(tokens)
+                    probs[req.req_id].extend([None] * steps)
             else:
-                hidden = self.runner.run_model(inp)
-                tokens, token_probs = self._sample(hidden[inp.logits_indices],
-                                                   [r for r, _ in live])
-            for (req, seq), n, tok, p in zip(live, out.num_scheduled_tokens, tokens, token_probs):
-                seq.num_computed_tokens += n
-                seq.token_ids.append(tok)
-                drafts[req.req_id].append(tok)
-                probs[req.req_id].append(p)
+                steps = 1
+                self._model_step(live, drafts, probs)
             if step == 0:
                 first_forward_s = time.perf_counter() - start
+            step += steps
         return drafts, probs, first_forward_s
+
+    def _model_step(self, live: list[tuple[Request, DraftSequence]], drafts: dict,
+                    probs: dict) -> None:
+        """One forward through the model and the sampler: each live sequence's tokens whose KV
+        is missing, and one draft token a sequence."""
+        out = SchedulerOutput(requests=[s for _, s in live],
+                              num_scheduled_tokens=[s.num_tokens - s.num_computed_tokens
+                                                    for _, s in live])
+        out.draft_token_ids = [[] for _ in live]
+        inp = self.runner.prepare_inputs(out)
+        hidden = self.runner.run_model(inp)
+        tokens, token_probs = self._sample(hidden[inp.logits_indices], [r for r, _ in live])
+        for (req, seq), n, tok, p in zip(live, out.num_scheduled_tokens, tokens, token_probs):
+            seq.num_computed_tokens += n
+            seq.token_ids.append(tok)
+            drafts[req.req_id].append(tok)
+            probs[req.req_id].append(p)
+
+    def _greedy_steps(self, seqs: list[DraftSequence], steps: int) -> Optional[list[list[int]]]:
+        """The greedy tokens [steps][sequence] of `steps` one-token forwards in one native call
+        (GreedyStep), or None where it does not apply: a sequence with more than one token
+        whose KV is missing, or blocks that do not cover the steps, or the path's own limits."""
+        if any(s.num_tokens - s.num_computed_tokens != 1 for s in seqs):
+            return None
+        block_size = self.config.cache_config.block_size
+        positions = [s.num_computed_tokens for s in seqs]
+        if any(len(s.block_ids) * block_size < p + steps for s, p in zip(seqs, positions)):
+            return None
+        width = max(len(s.block_ids) for s in seqs)
+        tables = [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]
+        tokens = self.greedy_step(torch.tensor([s.token_ids[-1] for s in seqs]),
+                                  torch.tensor(positions),
+                                  torch.tensor(tables, dtype=torch.int32), steps)
+        return None if tokens is None else tokens.tolist()
 
     @torch.inference_mode()
     def feed(self, requests: list[Request]) -> None:
