@@ -1,6 +1,7 @@
 """The CPU draft's forward, alone: milliseconds per one-token draft forward (the loop the draft
-worker runs k times per step) against its floor (the draft's weights plus its KV over the host
-memory bandwidth measured with the same thread count), per model shape, dtype, thread count,
+worker runs k times per step) against its floor (the draft's weights plus its KV at the timed
+forwards' mean context, over the host memory bandwidth measured with the same thread count),
+per model shape, dtype, thread count,
 batch size and CPU decode path (fused: one decode_layers call per step; native: one op per layer
 piece), with the share of the time spent outside the GEMMs (1 - the time of the step's matmuls
 alone, run back to back, over the forward's), the fused path's time by stage of its
@@ -81,6 +82,13 @@ def parse_settings(text: str) -> list[tuple[str, dict]]:
         settings.append((label.strip() or
                          ",".join(f"{k}={v}" for k, v in setting.items()) or "default", setting))
     return settings
+
+
+def mean_context(args) -> int:
+    """The timed forwards' mean context: args.context, and the tokens the forwards before them
+    drafted (every setting's, args.steps a call) until the middle of the timed ones."""
+    settings = len(parse_settings(args.settings))
+    return args.context + args.steps * settings * (args.warmup + args.num_forwards) // 2
 
 
 def time_forwards(draft: DraftModelProposer, args, batch_size: int,
@@ -227,7 +235,8 @@ def main(args) -> dict:
                 torch.set_num_threads(n)
                 bandwidth = copy_bandwidth_gbps("cpu", 256 << 20)
                 for bs in args.batch_sizes:
-                    floor = step_floor_ms(model, draft.config, args.context * bs, bandwidth)
+                    floor = step_floor_ms(model, draft.config, mean_context(args) * bs,
+                                          bandwidth)
                     for path in args.paths.split(","):
                         os.environ["VLLM_CPU_DECODE_PATH"] = path
                         clocks = tuple(torch.zeros(len(ops.DECODE_STAGES), dtype=torch.float64)
