@@ -204,7 +204,9 @@ def forward_row(name: str, dtype: str, threads: int, bs: int, path: str, times: 
     if any(stages):
         row["stage_ms"] = dict(zip(ops.DECODE_STAGES, stages))
         row["stage_ms"].update(outside)
-        row["stage_ms"]["outside_decode_layers"] = median - sum(stages) - sum(outside.values())
+        # the stages are means over the forwards: the rest is taken from the mean as well
+        row["stage_ms"]["outside_decode_layers"] = (statistics.fmean(times) - sum(stages)
+                                                    - sum(outside.values()))
     print(f"{name:<14} {dtype:<9} {threads:>3} thr  batch {bs:>2}  {path:<6} "
           f"{median:7.3f} ms (min {min(times):.3f})  floor {floor:.3f} ms "
           f"= {median / floor:4.2f}x floor  gemms {gemm:.3f} ms, "
@@ -263,6 +265,7 @@ def main(args) -> dict:
     os.environ.pop("VLLM_CPU_DECODE_PATH", None)
     print_summary(rows, picks)
     result = {"provenance": provenance(), "model": args.model, "context": args.context,
+              "mean_context": mean_context(args), "steps": args.steps,
               "max_rows_of_fused_path": cpu_decode.MAX_ROWS,
               "start_up_threads": {f"{m}/{d}": n for (m, d), n in picks.items()}, "rows": rows}
     write_json(args.output_json, result, args)

@@ -276,9 +276,9 @@ def plot_draft(result: dict, path: str) -> str:
         ax.set_title(model_name(name), fontsize=10)
         ax.legend(fontsize=7)
     if staged:
-        plot_draft_stages(axes[-1], staged, colors)
+        plot_draft_stages(axes[-1], staged, [plt.get_cmap("tab20")(i) for i in range(20)])
     what = (f"CPU draft forward (dashed: weights + KV over the host's copy rate), context "
-            f"{result.get('context', '?')}")
+            f"{result.get('mean_context', result.get('context', '?'))}")
     return save(fig, title_of(what, [result], host=True), path)
 
 
@@ -304,7 +304,7 @@ def plot_draft_stages(ax, rows: list[dict], colors: list) -> None:
     for i, stage in enumerate(stages):
         heights = [max(0.0, r["stage_ms"].get(stage, 0.0)) for r in picked.values()]
         ax.bar(range(len(picked)), heights, bottom=bottoms, color=colors[i % len(colors)],
-               label={"outside_decode_layers": "embedding, Python",
+               label={"outside_decode_layers": "rest: embedding, Python (greedy_steps: LM head)",
                       "lm_head": "LM head (argmax)"}.get(stage, stage))
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set_xticks(range(len(picked)))

@@ -96,7 +96,7 @@ class DraftModelProposer(Proposer):
         self.runner.load_model()
         num_blocks = kv_cache.num_blocks_for_memory(self.config)
         self.runner.initialize_cache(num_blocks)
-        # plain-greedy one-token steps in three native calls (None: not a CPU Llama-family draft)
+        # plain-greedy one-token steps in one native call each run (None: not a CPU Llama draft)
         self.greedy_step = cpu_decode.GreedyStep.build(self.runner.model, self.runner.kv_caches)
         self.num_threads = torch.get_num_threads()
         if self.config.device.type == "cpu" and (owns_process
