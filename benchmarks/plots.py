@@ -245,7 +245,7 @@ def plot_draft(result: dict, path: str) -> str:
     staged = [r for r in rows if r.get("stage_ms")]
     fig, axes = figure(len(models) + (1 if staged else 0))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, name in zip(axes, models):
+    for n, (ax, name) in enumerate(zip(axes, models)):
         lines = defaultdict(list)
         for r in rows:
             if r.get("model", "?") == name:
@@ -274,7 +274,8 @@ def plot_draft(result: dict, path: str) -> str:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.set_title(model_name(name), fontsize=10)
-        ax.legend(fontsize=7)
+        if n == 0:  # every model's panel has the same lines: one legend
+            ax.legend(fontsize=6)
     if staged:
         plot_draft_stages(axes[-1], staged, [plt.get_cmap("tab20")(i) for i in range(20)])
     what = (f"CPU draft forward (dashed: weights + KV over the host's copy rate), context "
@@ -304,7 +305,7 @@ def plot_draft_stages(ax, rows: list[dict], colors: list) -> None:
     for i, stage in enumerate(stages):
         heights = [max(0.0, r["stage_ms"].get(stage, 0.0)) for r in picked.values()]
         ax.bar(range(len(picked)), heights, bottom=bottoms, color=colors[i % len(colors)],
-               label={"outside_decode_layers": "rest: embedding, Python (greedy_steps: LM head)",
+               label={"outside_decode_layers": "rest (greedy_steps: + LM head)",
                       "lm_head": "LM head (argmax)"}.get(stage, stage))
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set_xticks(range(len(picked)))
