@@ -9,7 +9,9 @@ decode_layers call (the norms, each linear, rotary and cache write, attention, t
 with VLLM_CPU_DECODE_FOLD's folds an op is timed in the loop it runs in: rotary and the cache
 write in attention, and on the packed tiles the norms in qkv and gate/up, silu in gate/up; of
 the rest of the forward, the input building (positions, slots) and the LM head (linear_argmax,
-the greedy tokens), and what is left: the embedding and the Python around the calls), the thread
+the greedy tokens), and what is left: the embedding and the Python around the calls; a forward
+inside greedy_steps (VLLM_CPU_GREEDY_STEP) builds its inputs and runs its LM head in that call,
+counted in what is left), the thread
 count the draft picks at start-up, and the top ops from torch's profiler on request. A summary
 table comes last. --settings times settings of the kernels' environment variables in turns,
 forward by forward, so that an A/B shares the host's drift (a row per setting).
