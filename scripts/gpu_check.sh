@@ -39,20 +39,16 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the twenty-second session (no device lent; the folds built
-#   and measured on 2 cores only): first, for issue 10, a CPU-only build (HOST_ONLY=1) and the
-#   draft stage at the host's 16 threads, the folds on and off in turns (DRAFT_THREADS=16
-#   DRAFT_PATHS=fused DRAFT_SETTINGS="fold:VLLM_CPU_DECODE_FOLD=1;no
-#   fold:VLLM_CPU_DECODE_FOLD=0"; predicted: SmolLM2-135M batch 8 ~0.3-0.4 ms less, batch 1
-#   even, batch 8 / batch 1 from ~1.55 towards 1.3), twice (HOST_ONLY=1 DRAFT_TAG=_fold_r1 ...
-#   draft /tmp/o), and `python3 benchmarks/lab/cpu_parallel_lab.py 2,8,16` (the team's hand-over
-#   with one shared done counter against a done flag a thread, which team.h now uses: even on
-#   2 cores, the gain predicted at 16); then (a CUDA build: no VLLM_SKIP_BUILD after
-#   HOST_ONLY) the whole CUDA suite and the
-#   trained pairs (pair, PAIR_SHAPE=llama-2-13b too: the CPU draft against the same draft on the
-#   GPU at every k, drafting ahead at k = 4) with the team and folds on; on an H200 if one
-#   comes, PROFILE_SHAPES="llama-2-7b llama-2-13b codellama-34b" ... profile to confirm issue
-#   15's table there.
+#   (the next lease's plan, after the twenty-third session (run 32: the host's draft stage
+#   only, the folds and greedy_steps measured; the device time ran out before the pairs): a
+#   CUDA build, then the trained pairs first (PAIR_SHAPE=llama-2-13b, then 7B;
+#   PAIR_PROPOSERS=draft,draft-gpu PAIR_KS=1,2,3,4,6,8 PAIR_HF=: the CPU draft, its greedy
+#   proposals now in greedy_steps, against the same draft on the GPU at every k, and drafting
+#   ahead at k = 4; predicted: the CPU draft's lead at 13B k = 3 widens from run 22's 2.15x
+#   against 2.05x), then PYTEST_ARGS="-m cuda" ... test (not run since run 30), then on an
+#   H200 PROFILE_SHAPES="llama-2-7b llama-2-13b codellama-34b" ... profile to confirm issue
+#   15's table there. Machines have taken up to 90 minutes to come: keep the plan's first
+#   stage the one that matters most.)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
 #   taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
