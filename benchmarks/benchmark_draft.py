@@ -167,9 +167,7 @@ def gemm_ms(model: torch.nn.Module, rows: int, path: str, repeats: int = 9) -> f
     fused forward has them): the part of a forward that is the weight bytes."""
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
     # the logits' weight: the LM head (its own module, not an nn.Linear) or the tied embedding
-    head = model.model.embed_tokens if getattr(model, "tie_word_embeddings", False) \
-        else model.lm_head
-    weights.append(head.weight.detach())
+    weights.append(model.output_head().weight.detach())
     xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
     outs = {id(w): torch.empty(rows, w.shape[0], dtype=w.dtype) for w in weights}
     fused = path == "fused" and rows <= cpu_decode.MAX_ROWS

@@ -54,18 +54,19 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
   int64_t* p = pos.data_ptr<int64_t>();
   int64_t* slot = slots.data_ptr<int64_t>();
   int32_t* ctx = context_lens.data_ptr<int32_t>();
-  // every position the steps write must lie in its sequence's tables
+  // every position the steps write must lie in its sequence's tables, and the first tokens in
+  // the embedding (later steps' tokens are the LM head's columns)
+  const int64_t* first = ids.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {
     TORCH_CHECK(p[r] >= 0 && (p[r] + steps - 1) / block_size < max_blocks, "positions[", r,
                 "] = ", p[r], ": its ", steps, " steps reach past the block table's ", max_blocks,
                 " blocks of ", block_size);
+    TORCH_CHECK(first[r] >= 0 && first[r] < vocab, "token ", first[r], " (row ", r,
+                ") is outside the embedding's ", vocab, " rows");
   }
+  TORCH_CHECK(head.size(0) <= vocab, "the LM head's ", head.size(0),
+              " rows exceed the embedding's ", vocab);
   for (int64_t s = 0; s < steps; ++s) {
-    const int64_t* id = ids.data_ptr<int64_t>();
-    for (int64_t r = 0; r < rows; ++r) {
-      TORCH_CHECK(id[r] >= 0 && id[r] < vocab, "token ", id[r], " (row ", r,
-                  ") is outside the embedding's ", vocab, " rows");
-    }
     at::index_select_out(hidden, embedding, 0, ids);
     int64_t max_context_len = 0;
     for (int64_t r = 0; r < rows; ++r) {

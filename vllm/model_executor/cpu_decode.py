@@ -29,11 +29,15 @@ DTYPES = (torch.float32, torch.bfloat16)
 stage_ms: Optional[torch.Tensor] = None
 
 
+def _path_applies(device: torch.device, rows: int, dtype: torch.dtype) -> bool:
+    """True when a step of `rows` rows of dtype on device takes the small-row path."""
+    return (device.type == "cpu" and 0 < rows <= MAX_ROWS and dtype in DTYPES
+            and envs.VLLM_CPU_DECODE_PATH == "fused" and ops.has_kernel("decode_layers", "cpu"))
+
+
 def rows_apply(x: torch.Tensor) -> bool:
     """True when a [rows, features] CPU tensor takes the small-row path."""
-    return (x.device.type == "cpu" and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS
-            and x.dtype in DTYPES and envs.VLLM_CPU_DECODE_PATH == "fused"
-            and ops.has_kernel("decode_layers", "cpu"))
+    return x.dim() == 2 and _path_applies(x.device, x.shape[0], x.dtype)
 
 
 def packed_copy(weight: torch.Tensor) -> torch.Tensor:
@@ -59,10 +63,10 @@ def _weight_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return rows_apply(x) and weight.dtype == x.dtype and weight.is_contiguous()
 
 
-def _packed_rows(x: torch.Tensor, weight: torch.Tensor, owner: Any) -> torch.Tensor:
-    """weight's packed copy kept on owner from PACKED_MIN_ROWS rows, else an empty tensor (the
-    row-major weight alone)."""
-    if owner is None or x.shape[0] < PACKED_MIN_ROWS:
+def _packed_rows(rows: int, weight: torch.Tensor, owner: Any) -> torch.Tensor:
+    """weight's packed copy kept on owner for a step of `rows` rows from PACKED_MIN_ROWS, else an
+    empty tensor (the row-major weight alone)."""
+    if owner is None or rows < PACKED_MIN_ROWS:
         return weight.new_empty(0)
     return _packed_for(owner, weight)
 
@@ -72,7 +76,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> torch.Te
     weight's packed copy, kept on `owner`, when one is given), else F.linear."""
     if _weight_applies(x, weight):
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-        ops.linear_packed(out, x.contiguous(), weight, _packed_rows(x, weight, owner), None)
+        ops.linear_packed(out, x.contiguous(), weight, _packed_rows(x.shape[0], weight, owner), None)
         return out
     return torch.nn.functional.linear(x, weight)
 
@@ -83,7 +87,7 @@ def argmax(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> Optional
     if not (_weight_applies(x, weight) and ops.has_kernel("linear_argmax", "cpu")):
         return None
     out = torch.empty(x.shape[0], dtype=torch.long)
-    ops.linear_argmax(out, x.contiguous(), weight, _packed_rows(x, weight, owner))
+    ops.linear_argmax(out, x.contiguous(), weight, _packed_rows(x.shape[0], weight, owner))
     return out
 
 
@@ -141,9 +145,9 @@ def _decode_packed(model: Any, weights: list[torch.Tensor], rows: int) -> list[t
     return model._decode_packed
 
 
-def _applies(model: Any, hidden: torch.Tensor) -> Optional[list[torch.Tensor]]:
-    """The per-layer tensors when decode_layers can run model's (a LlamaModel's) layers over
-    hidden, else None."""
+def forward(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Optional[torch.Tensor]:
+    """The final norm's output for the embedded tokens `hidden`, or None when the path does not
+    apply (the caller then runs the per-op layers). model: a LlamaModel."""
     if not rows_apply(hidden) or not model.layers:
         return None
     if model.layers[0].self_attn.o_proj.tp.size > 1:
@@ -151,32 +155,18 @@ def _applies(model: Any, hidden: torch.Tensor) -> Optional[list[torch.Tensor]]:
     weights = _decode_weights(model)
     if weights is None or weights[1].dtype != hidden.dtype:
         return None
-    return weights
-
-
-def _run_layers(model: Any, hidden: torch.Tensor, positions: torch.Tensor,
-                weights: list[torch.Tensor], kv_caches: list, md: Any) -> None:
-    """decode_layers over the contiguous hidden, in place (the final norm's output)."""
+    from vllm.forward_context import get_forward_context
+    ctx = get_forward_context()
+    md = ctx.attn_metadata
     attn = model.layers[0].self_attn
+    hidden = hidden.contiguous()
     ops.decode_layers(hidden, positions, weights, model.norm.weight.detach(),
-                      attn.rotary_emb.cos_sin_cache, [k for k, _ in kv_caches],
-                      [v for _, v in kv_caches], md.slot_mapping, md.block_tables,
+                      attn.rotary_emb.cos_sin_cache, [k for k, _ in ctx.kv_caches],
+                      [v for _, v in ctx.kv_caches], md.slot_mapping, md.block_tables,
                       md.context_lens, md.query_start_loc, md.max_context_len, attn.num_heads,
                       attn.num_kv_heads, attn.head_dim, model.norm.variance_epsilon,
                       attn.attn.scale, True, _decode_packed(model, weights, hidden.shape[0]),
                       stage_ms)
-
-
-def forward(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Optional[torch.Tensor]:
-    """The final norm's output for the embedded tokens `hidden`, or None when the path does not
-    apply (the caller then runs the per-op layers). model: a LlamaModel."""
-    weights = _applies(model, hidden)
-    if weights is None:
-        return None
-    from vllm.forward_context import get_forward_context
-    ctx = get_forward_context()
-    hidden = hidden.contiguous()
-    _run_layers(model, hidden, positions, weights, ctx.kv_caches, ctx.attn_metadata)
     return hidden
 
 
@@ -191,7 +181,7 @@ class GreedyStep:
 
     def __init__(self, model: Any, kv_caches: list) -> None:
         self.model = model
-        self.head = model.model.embed_tokens if model.tie_word_embeddings else model.lm_head
+        self.head = model.output_head()
         self.key_caches = [k for k, _ in kv_caches]
         self.value_caches = [v for _, v in kv_caches]
 
@@ -217,16 +207,14 @@ class GreedyStep:
         inner = self.model.model
         embedding, head = inner.embed_tokens.weight.detach(), self.head.weight.detach()
         rows = input_ids.shape[0]
-        if (not 0 < rows <= MAX_ROWS or embedding.dtype not in DTYPES
-                or head.dtype != embedding.dtype or not head.is_contiguous()
-                or envs.VLLM_CPU_DECODE_PATH != "fused"):
+        if (not _path_applies(embedding.device, rows, embedding.dtype)
+                or head.dtype != embedding.dtype or not head.is_contiguous()):
             return None
         weights = _decode_weights(inner)
         if weights is None or weights[1].dtype != embedding.dtype:
             return None
         attn = inner.layers[0].self_attn
-        head_packed = (_packed_for(self.head, head) if rows >= PACKED_MIN_ROWS
-                       else head.new_empty(0))
+        head_packed = _packed_rows(rows, head, self.head)
         tokens = torch.empty(steps, rows, dtype=torch.long)
         ops.greedy_steps(tokens, input_ids, positions, embedding, weights,
                          inner.norm.weight.detach(), attn.rotary_emb.cos_sin_cache,

@@ -129,15 +129,17 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
 
+    def output_head(self) -> nn.Module:
+        """The module whose weight makes the logits: the LM head, or the tied embedding."""
+        return self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [num_rows, hidden_size] -> fp32 logits [num_rows, vocab_size]."""
-        head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
-        return head.compute_logits(hidden)
+        return self.output_head().compute_logits(hidden)
 
     def compute_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
         """argmax_rows(compute_logits(hidden)): greedy tokens, without fp32 logits on the CPU."""
-        head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
-        return head.compute_argmax(hidden)
+        return self.output_head().compute_argmax(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies HF-named weights in (a sharded layer's weight_loader keeps this rank's slice);
