@@ -82,10 +82,11 @@ void linear_packed(at::Tensor& out, const at::Tensor& input, const at::Tensor& w
 void linear_argmax(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                    const at::Tensor& packed);
 // tokens [steps, rows] (int64) = a plain-greedy draft's next `steps` tokens a sequence
-// (cpu/greedy_steps.cpp): from input_ids at positions (one token a sequence), each step the
+// (cpu/greedy_steps.cpp): from input_ids at positions (one token a sequence, or with
+// query_start_loc [rows + 1] several at consecutive positions in the first step), each step the
 // embedding's rows, decode_layers (arguments as there; slots, context lengths from
-// block_tables) and linear_argmax over head (head_packed as for linear_packed), its tokens the
-// next step's input at the next positions.
+// block_tables) and linear_argmax over head (head_packed as for linear_packed) of each
+// sequence's last row, its tokens the next step's input at the next positions.
 void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Tensor& positions,
                   const at::Tensor& embedding, const std::vector<at::Tensor>& weights,
                   const at::Tensor& final_norm, const at::Tensor& cos_sin_cache,
@@ -94,7 +95,8 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
                   int64_t num_heads, int64_t num_kv_heads, int64_t head_size, double epsilon,
                   double scale, bool is_neox, const std::vector<at::Tensor>& packed,
                   const at::Tensor& head, const at::Tensor& head_packed,
-                  const std::optional<at::Tensor>& stage_ms);
+                  const std::optional<at::Tensor>& stage_ms,
+                  const std::optional<at::Tensor>& query_start_loc);
 }  // namespace vllm_cpu
 
 #ifdef VLLM_WITH_CUDA

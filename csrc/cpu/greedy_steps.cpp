@@ -22,16 +22,19 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
                   int64_t num_heads, int64_t num_kv_heads, int64_t head_size, double epsilon,
                   double scale, bool is_neox, const std::vector<at::Tensor>& packed,
                   const at::Tensor& head, const at::Tensor& head_packed,
-                  const std::optional<at::Tensor>& stage_ms) {
+                  const std::optional<at::Tensor>& stage_ms,
+                  const std::optional<at::Tensor>& query_start_loc) {
   TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong && tokens.is_contiguous(),
               "tokens must be a contiguous int64 [steps, rows] tensor, got ", tokens.sizes(), " ",
               tokens.scalar_type());
   const int64_t steps = tokens.size(0), rows = tokens.size(1);
   TORCH_CHECK(steps > 0 && rows > 0, "greedy_steps needs at least one step and one row");
-  TORCH_CHECK(input_ids.dim() == 1 && input_ids.size(0) == rows &&
-                  input_ids.scalar_type() == at::kLong && positions.dim() == 1 &&
-                  positions.size(0) == rows && positions.scalar_type() == at::kLong,
-              "input_ids and positions must be int64 [", rows, "] (one token a sequence)");
+  const int64_t num_tokens = input_ids.dim() == 1 ? input_ids.size(0) : -1;
+  TORCH_CHECK(num_tokens >= rows && input_ids.scalar_type() == at::kLong &&
+                  positions.dim() == 1 && positions.size(0) == num_tokens &&
+                  positions.scalar_type() == at::kLong,
+              "input_ids and positions must be int64 [tokens] of the same length, at least one "
+              "token a sequence (", rows, "); got ", input_ids.sizes(), " and ", positions.sizes());
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == rows &&
                   block_tables.scalar_type() == at::kInt,
               "block_tables must be int32 [", rows, ", max_blocks], got ", block_tables.sizes(),
@@ -45,43 +48,78 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
   const int32_t* table = tables.data_ptr<int32_t>();
   const auto cpu_long = positions.options().dtype(at::kLong);
   const auto cpu_int = positions.options().dtype(at::kInt);
+  // the first step's query starts: given (a sequence may feed several tokens whose KV is
+  // missing, at consecutive positions) or one token a sequence
+  at::Tensor first_qsl = query_start_loc.has_value() ? query_start_loc->contiguous()
+                                                     : at::arange(rows + 1, cpu_int);
+  TORCH_CHECK(first_qsl.dim() == 1 && first_qsl.size(0) == rows + 1 &&
+                  first_qsl.scalar_type() == at::kInt,
+              "query_start_loc must be int32 [", rows + 1, "], got ", first_qsl.sizes(), " ",
+              first_qsl.scalar_type());
+  const int32_t* qs = first_qsl.data_ptr<int32_t>();
   at::Tensor pos = positions.contiguous().clone();
-  at::Tensor slots = at::empty({rows}, cpu_long);
-  at::Tensor context_lens = at::empty({rows}, cpu_int);
-  at::Tensor query_start_loc = at::arange(rows + 1, cpu_int);
   at::Tensor ids = input_ids.contiguous();
-  at::Tensor hidden = at::empty({rows, embedding.size(1)}, embedding.options());
-  int64_t* p = pos.data_ptr<int64_t>();
-  int64_t* slot = slots.data_ptr<int64_t>();
-  int32_t* ctx = context_lens.data_ptr<int32_t>();
-  // every position the steps write must lie in its sequence's tables, and the first tokens in
-  // the embedding (later steps' tokens are the LM head's columns)
+  const int64_t* p = pos.data_ptr<int64_t>();
+  // every position the steps write must lie in its sequence's tables, a sequence's first-step
+  // positions must follow one another, and the first tokens lie in the embedding (later steps'
+  // tokens are the LM head's columns)
   const int64_t* first = ids.data_ptr<int64_t>();
+  TORCH_CHECK(qs[0] == 0 && qs[rows] == num_tokens, "query_start_loc must run from 0 to the ",
+              num_tokens, " tokens, got ", qs[0], " .. ", qs[rows]);
   for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(p[r] >= 0 && (p[r] + steps - 1) / block_size < max_blocks, "positions[", r,
-                "] = ", p[r], ": its ", steps, " steps reach past the block table's ", max_blocks,
-                " blocks of ", block_size);
-    TORCH_CHECK(first[r] >= 0 && first[r] < vocab, "token ", first[r], " (row ", r,
-                ") is outside the embedding's ", vocab, " rows");
+    TORCH_CHECK(qs[r + 1] > qs[r], "query_start_loc: sequence ", r, " feeds no token");
+    const int64_t last = p[qs[r + 1] - 1];
+    for (int64_t t = qs[r]; t < qs[r + 1]; ++t) {
+      TORCH_CHECK(p[t] == last - (qs[r + 1] - 1 - t), "positions of sequence ", r,
+                  " must be consecutive, got ", p[t], " before its last ", last);
+      TORCH_CHECK(first[t] >= 0 && first[t] < vocab, "token ", first[t], " (input ", t,
+                  ") is outside the embedding's ", vocab, " rows");
+    }
+    TORCH_CHECK(p[qs[r]] >= 0 && (last + steps - 1) / block_size < max_blocks, "positions[", r,
+                "] = ", last, ": its ", steps, " steps reach past the block table's ",
+                max_blocks, " blocks of ", block_size);
   }
   TORCH_CHECK(head.size(0) <= vocab, "the LM head's ", head.size(0),
               " rows exceed the embedding's ", vocab);
-  for (int64_t s = 0; s < steps; ++s) {
-    at::index_select_out(hidden, embedding, 0, ids);
+  // the first step: every fed token's KV, each sequence's last token's next token
+  at::Tensor last_rows = first_qsl.slice(0, 1).to(at::kLong) - 1;
+  at::Tensor slots = at::empty({num_tokens}, cpu_long);
+  at::Tensor context_lens = at::empty({rows}, cpu_int);
+  int64_t* slot = slots.data_ptr<int64_t>();
+  int32_t* ctx = context_lens.data_ptr<int32_t>();
+  at::Tensor hidden_rows = at::empty({num_tokens, embedding.size(1)}, embedding.options());
+  const auto run_step = [&](const at::Tensor& step_pos, const at::Tensor& qsl, int64_t s) {
+    const int32_t* starts = qsl.data_ptr<int32_t>();
+    const int64_t* sp = step_pos.data_ptr<int64_t>();
     int64_t max_context_len = 0;
     for (int64_t r = 0; r < rows; ++r) {
-      if (s > 0) ++p[r];
-      slot[r] = static_cast<int64_t>(table[r * max_blocks + p[r] / block_size]) * block_size +
-                p[r] % block_size;
-      ctx[r] = static_cast<int32_t>(p[r] + 1);
-      max_context_len = std::max<int64_t>(max_context_len, p[r] + 1);
+      for (int64_t t = starts[r]; t < starts[r + 1]; ++t) {
+        slot[t] = static_cast<int64_t>(table[r * max_blocks + sp[t] / block_size]) * block_size +
+                  sp[t] % block_size;
+      }
+      ctx[r] = static_cast<int32_t>(sp[starts[r + 1] - 1] + 1);
+      max_context_len = std::max<int64_t>(max_context_len, ctx[r]);
     }
-    decode_layers(hidden, pos, weights, final_norm, cos_sin_cache, key_caches, value_caches,
-                  slots, tables, context_lens, query_start_loc, max_context_len, num_heads,
+    const int64_t n = step_pos.size(0);
+    at::Tensor hidden = hidden_rows.slice(0, 0, n);
+    at::index_select_out(hidden, embedding, 0, ids);
+    decode_layers(hidden, step_pos, weights, final_norm, cos_sin_cache, key_caches, value_caches,
+                  slots.slice(0, 0, n), tables, context_lens, qsl, max_context_len, num_heads,
                   num_kv_heads, head_size, epsilon, scale, is_neox, packed, stage_ms);
+    if (n != rows) hidden = hidden.index_select(0, last_rows);
     at::Tensor out = tokens[s];
     linear_argmax(out, hidden, head, head_packed);
     ids = out;
+  };
+  run_step(pos, first_qsl, 0);
+  if (steps == 1) return;
+  // later steps: one token a sequence, at the position after its last
+  at::Tensor step_pos = num_tokens == rows ? pos : pos.index_select(0, last_rows);
+  at::Tensor one_each = at::arange(rows + 1, cpu_int);
+  int64_t* sp = step_pos.data_ptr<int64_t>();
+  for (int64_t s = 1; s < steps; ++s) {
+    for (int64_t r = 0; r < rows; ++r) ++sp[r];
+    run_step(step_pos, one_each, s);
   }
 }
 

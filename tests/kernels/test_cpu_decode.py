@@ -1,7 +1,9 @@
 """The CPU decode path (linear_small, decode_layers) against the per-op reference: the model's own
 layers with F.linear, for Llama (GQA, MHA) and Qwen2 (q/k/v biases) shapes, fp32 and bf16, decode
 and verification batches of 1 to 64 rows; plus torch.library.opcheck of both ops."""
+import itertools
 import os
+from typing import Optional
 
 import pytest
 import torch
@@ -425,46 +427,63 @@ def test_compute_argmax_is_the_argmax_of_the_logits(shape, dtype, rows):
                            argmax_rows(model.compute_logits(hidden)))
 
 
-def step_metadata(tables: torch.Tensor, positions: torch.Tensor) -> AttentionMetadata:
-    """The metadata of a step feeding one token a sequence at positions, with these tables."""
-    rows = positions.shape[0]
+def step_metadata(tables: torch.Tensor, positions: torch.Tensor,
+                  q_lens: Optional[list[int]] = None) -> AttentionMetadata:
+    """The metadata of a step feeding q_lens[r] tokens (default one) of sequence r at positions
+    (flat, each sequence's consecutive), with these tables."""
+    q_lens = q_lens or [1] * tables.shape[0]
+    seq_of = [r for r, q in enumerate(q_lens) for _ in range(q)]
     slots = torch.stack([tables[r, int(p) // BLOCK].long() * BLOCK + int(p) % BLOCK
-                         for r, p in enumerate(positions)])
-    return AttentionMetadata(slots, tables, (positions + 1).to(torch.int32),
-                             torch.arange(rows + 1, dtype=torch.int32),
-                             int(positions.max()) + 1, [1] * rows, False)
+                         for r, p in zip(seq_of, positions)])
+    starts = torch.tensor([0] + list(itertools.accumulate(q_lens)), dtype=torch.int32)
+    context_lens = (positions[starts[1:].long() - 1] + 1).to(torch.int32)
+    return AttentionMetadata(slots, tables, context_lens, starts, int(context_lens.max()),
+                             list(q_lens), False)
 
 
 @pytest.mark.parametrize("shape", ["llama-gqa", "qwen2-bias"])  # an LM head; tied embeddings
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("context_lens", [[7], [9, 30, 2], [40, 3, 17, 64, 1, 22, 9, 31],
-                                          [30] * 32 + [9] * 32])
+@pytest.mark.parametrize("context_lens,q_lens", [
+    ([7], [1]), ([9, 30, 2], [1, 1, 1]), ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),
+    ([30] * 32 + [9] * 32, [1] * 64),
+    # a first step that catches sequences up on several tokens (a draft's after a full
+    # acceptance: its last draft and the bonus token), in rows of 2, 1 + 2 + 4 and 12
+    ([7], [2]), ([9, 30, 4], [2, 1, 4]), ([40, 3, 17, 64, 2, 22, 9, 31], [2, 1, 2, 1, 2, 1, 2, 1]),
+])
 @pytest.mark.parametrize("steps", [1, 3])
-def test_greedy_step_is_the_models_forward_and_argmax(shape, dtype, context_lens, steps,
+def test_greedy_step_is_the_models_forward_and_argmax(shape, dtype, context_lens, q_lens, steps,
                                                       monkeypatch):
     """GreedyStep (greedy_steps: each step the embedding, decode_layers and linear_argmax, its
     tokens the next step's input) gives the tokens and writes the KV that as many steps of the
     model's forward and compute_argmax do, bit for bit, at 1 to 64 rows (a block boundary
-    crossed between steps: 30 + 3 > 32); where the path does not apply (the native path) it
+    crossed between steps: 30 + 3 > 32), its first step feeding one token a sequence or several
+    (the argmax of each sequence's last); where the path does not apply (the native path) it
     returns None and writes nothing."""
     model, config = make_model(shape, dtype)
-    # blocks for the last step's positions; the first step feeds each sequence's token c - 1
-    caches, md, _ = make_step(config, dtype, [c + steps for c in context_lens],
-                              [1] * len(context_lens))
-    positions = torch.tensor([c - 1 for c in context_lens])
-    ids = torch.randint(0, config.vocab_size, (len(positions),),
+    # blocks for the last step's positions; the first step feeds each sequence's tokens
+    # c - q .. c - 1
+    caches, md, _ = make_step(config, dtype, [c + steps for c in context_lens], q_lens)
+    tables = md.block_tables
+    first = torch.tensor([p for c, q in zip(context_lens, q_lens) for p in range(c - q, c)])
+    last = torch.tensor([c - 1 for c in context_lens])
+    ids = torch.randint(0, config.vocab_size, (len(first),),
                         generator=torch.Generator().manual_seed(3))
+    starts = None
+    if len(first) != len(context_lens):
+        starts = torch.tensor([0] + list(itertools.accumulate(q_lens)), dtype=torch.int32)
     monkeypatch.setenv("VLLM_CPU_DECODE_PATH", "fused")
     ref_caches = [(k.clone(), v.clone()) for k, v in caches]
-    ref_tokens, step_ids = [], ids
     with torch.inference_mode():
-        for s in range(steps):
-            with set_forward_context(step_metadata(md.block_tables, positions + s), ref_caches):
-                step_ids = model.compute_argmax(model(step_ids, positions + s))
+        with set_forward_context(step_metadata(tables, first, q_lens), ref_caches):
+            hidden = model(ids, first)
+            step_ids = model.compute_argmax(hidden[torch.cumsum(torch.tensor(q_lens), 0) - 1])
+        ref_tokens = [step_ids]
+        for s in range(1, steps):
+            with set_forward_context(step_metadata(tables, last + s), ref_caches):
+                step_ids = model.compute_argmax(model(step_ids, last + s))
             ref_tokens.append(step_ids)
         mine = [(k.clone(), v.clone()) for k, v in caches]
-        tokens = cpu_decode.GreedyStep.build(model, mine)(ids, positions, md.block_tables,
-                                                          steps)
+        tokens = cpu_decode.GreedyStep.build(model, mine)(ids, first, tables, steps, starts)
     assert torch.equal(tokens, torch.stack(ref_tokens))
     for (k, v), (rk, rv) in zip(mine, ref_caches):
         assert torch.equal(k, rk) and torch.equal(v, rv)
@@ -472,14 +491,15 @@ def test_greedy_step_is_the_models_forward_and_argmax(shape, dtype, context_lens
     untouched = [(k.clone(), v.clone()) for k, v in caches]
     with torch.inference_mode():
         step = cpu_decode.GreedyStep.build(model, untouched)
-        assert step(ids, positions, md.block_tables, steps) is None
+        assert step(ids, first, tables, steps, starts) is None
     assert all(torch.equal(k, k0) and torch.equal(v, v0)
                for (k, v), (k0, v0) in zip(untouched, caches))
 
 
 def test_greedy_steps_reject_tables_and_tokens_out_of_range():
-    """Steps reaching past a sequence's block table, or a token outside the embedding, are
-    named, and nothing is written."""
+    """Steps reaching past a sequence's block table, a token outside the embedding, a first
+    step's query starts that skip a sequence or do not cover the tokens, or a sequence's
+    positions not consecutive are named, and nothing is written."""
     model, config = make_model("llama-gqa", torch.float32)
     caches, md, _ = make_step(config, torch.float32, [20, 5], [1, 1])
     step = cpu_decode.GreedyStep.build(model, caches)
@@ -488,10 +508,18 @@ def test_greedy_steps_reject_tables_and_tokens_out_of_range():
     cases = [(torch.tensor([1, 2]), torch.tensor([width - 2, 3]), 3, "reach past the block"),
              (torch.tensor([1, config.vocab_size]), torch.tensor([19, 4]), 1,
               "outside the embedding")]
+    cases = [(*case, None) for case in cases]
+    three = torch.tensor([1, 2, 3])
+    for starts, positions, message in (([0, 3, 3], [17, 18, 19], "feeds no token"),
+                                       ([0, 2, 4], [18, 19, 4], "from 0 to the 3 tokens"),
+                                       ([0, 2, 3], [17, 19, 4], "must be consecutive"),
+                                       ([0, 2, 3], [width - 2, width - 1, 4], "reach past")):
+        cases.append((three, torch.tensor(positions), 2, message,
+                      torch.tensor(starts, dtype=torch.int32)))
     with torch.inference_mode():
-        for ids, positions, steps, message in cases:
+        for ids, positions, steps, message, starts in cases:
             with pytest.raises(RuntimeError, match=message):
-                step(ids, positions, md.block_tables, steps)
+                step(ids, positions, md.block_tables, steps, starts)
     assert all(torch.equal(k, k0) and torch.equal(v, v0)
                for (k, v), (k0, v0) in zip(caches, before))
 

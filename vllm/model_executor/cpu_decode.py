@@ -171,8 +171,9 @@ def forward(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Option
 
 
 class GreedyStep:
-    """A plain-greedy draft's next one-token steps of a Llama-family model on the CPU in one
-    native call (greedy_steps): each step the embedding, decode_layers (every layer and the
+    """A plain-greedy draft's next steps of a Llama-family model on the CPU in one native call
+    (greedy_steps; the first step may catch a sequence up on several tokens, the later ones
+    feed one token a sequence): each step the embedding, decode_layers (every layer and the
     final norm) and linear_argmax (the LM head's tokens), whose tokens feed the next step; the
     same ops and bits as that many steps of the model's forward and compute_argmax on this
     path, without the Python between them (a draft's loop spent ~0.25 ms of a 0.9 ms step in
@@ -200,14 +201,17 @@ class GreedyStep:
         return GreedyStep(model, kv_caches)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                 block_tables: torch.Tensor, steps: int = 1) -> Optional[torch.Tensor]:
-        """The greedy tokens [steps, rows] after input_ids [rows] at positions [rows] (one token
-        a sequence, int64; block_tables int32 [rows, blocks] covering every position the steps
-        write), or None where this path does not apply."""
+                 block_tables: torch.Tensor, steps: int = 1,
+                 query_start_loc: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """The greedy tokens [steps, rows] after input_ids at positions (int64 [rows], one token
+        a sequence; or [tokens] with query_start_loc int32 [rows + 1]: a sequence's tokens
+        whose KV is missing, at consecutive positions, fed in the first step; block_tables int32
+        [rows, blocks] covering every position the steps write), or None where this path does
+        not apply."""
         inner = self.model.model
         embedding, head = inner.embed_tokens.weight.detach(), self.head.weight.detach()
-        rows = input_ids.shape[0]
-        if (not _path_applies(embedding.device, rows, embedding.dtype)
+        rows, first_rows = block_tables.shape[0], input_ids.shape[0]
+        if (not _path_applies(embedding.device, first_rows, embedding.dtype)
                 or head.dtype != embedding.dtype or not head.is_contiguous()):
             return None
         weights = _decode_weights(inner)
@@ -220,6 +224,6 @@ class GreedyStep:
                          inner.norm.weight.detach(), attn.rotary_emb.cos_sin_cache,
                          self.key_caches, self.value_caches, block_tables, attn.num_heads,
                          attn.num_kv_heads, attn.head_dim, inner.norm.variance_epsilon,
-                         attn.attn.scale, True, _decode_packed(inner, weights, rows), head,
-                         head_packed, stage_ms)
+                         attn.attn.scale, True, _decode_packed(inner, weights, first_rows), head,
+                         head_packed, stage_ms, query_start_loc)
         return tokens

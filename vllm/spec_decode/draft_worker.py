@@ -10,6 +10,7 @@ propose_ahead(), called while the target verifies, drafts on past the proposal a
 will be accepted; the next propose() uses that only if the target's tokens turned out to be
 exactly the ones it guessed, and otherwise keeps the KV only where the tokens are the target's."""
 import copy
+import itertools
 import time
 from typing import Any, Optional
 
@@ -182,8 +183,9 @@ class DraftModelProposer(Proposer):
                ) -> tuple[dict[str, list[int]], dict[str, list], float]:
         """ks[i] tokens after each sequence's tokens: the first forward feeds every token whose
         KV is missing, each later one the token drawn before it. Plain-greedy requests' steps
-        of one token a sequence run in one native call (GreedyStep) up to the first live
-        request's last step (the first forward alone, whose time is measured)."""
+        run in native calls (GreedyStep): the first forward alone (its time is measured; it may
+        catch a sequence up on several tokens), then the rest up to the first live request's
+        last step in one call."""
         drafts = {r.req_id: [] for r in reqs}
         probs = {r.req_id: [] for r in reqs}
         first_forward_s = 0.0
@@ -197,7 +199,7 @@ class DraftModelProposer(Proposer):
             drawn = self._greedy_steps([seq for _, seq in live], steps) if greedy else None
             if drawn is not None:
                 for (req, seq), tokens in zip(live, zip(*drawn)):
-                    seq.num_computed_tokens += steps
+                    seq.num_computed_tokens = seq.num_tokens - 1 + steps
                     seq.token_ids.extend(tokens)
                     drafts[req.req_id].extend(tokens)
                     probs[req.req_id].extend([None] * steps)
@@ -227,20 +229,25 @@ class DraftModelProposer(Proposer):
             probs[req.req_id].append(p)
 
     def _greedy_steps(self, seqs: list[DraftSequence], steps: int) -> Optional[list[list[int]]]:
-        """The greedy tokens [steps][sequence] of `steps` one-token forwards in one native call
-        (GreedyStep), or None where it does not apply: a sequence with more than one token
-        whose KV is missing, or blocks that do not cover the steps, or the path's own limits."""
-        if any(s.num_tokens - s.num_computed_tokens != 1 for s in seqs):
-            return None
+        """The greedy tokens [steps][sequence] of `steps` forwards in one native call
+        (GreedyStep; the first feeds every token of a sequence whose KV is missing, each later
+        one the token drawn before it), or None where it does not apply: blocks that do not
+        cover the steps, or the path's own limits (its rows)."""
         block_size = self.config.cache_config.block_size
-        positions = [s.num_computed_tokens for s in seqs]
-        if any(len(s.block_ids) * block_size < p + steps for s, p in zip(seqs, positions)):
+        if any(len(s.block_ids) * block_size < s.num_tokens - 1 + steps for s in seqs):
             return None
+        fed = [s.num_tokens - s.num_computed_tokens for s in seqs]
+        if min(fed) < 1:
+            return None
+        ids = [t for s in seqs for t in s.token_ids[s.num_computed_tokens:]]
+        positions = [p for s in seqs for p in range(s.num_computed_tokens, s.num_tokens)]
         width = max(len(s.block_ids) for s in seqs)
         tables = [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]
-        tokens = self.greedy_step(torch.tensor([s.token_ids[-1] for s in seqs]),
-                                  torch.tensor(positions),
-                                  torch.tensor(tables, dtype=torch.int32), steps)
+        starts = None
+        if len(ids) != len(seqs):
+            starts = torch.tensor([0] + list(itertools.accumulate(fed)), dtype=torch.int32)
+        tokens = self.greedy_step(torch.tensor(ids), torch.tensor(positions),
+                                  torch.tensor(tables, dtype=torch.int32), steps, starts)
         return None if tokens is None else tokens.tolist()
 
     @torch.inference_mode()
