@@ -240,18 +240,20 @@ class _Conn:
 
 
 class _Proposer:
-    def __init__(self, seconds: float) -> None:
-        self.seconds, self.warmed = seconds, 0
+    def __init__(self, seconds: float, fails: bool = False) -> None:
+        self.seconds, self.fails, self.warmed = seconds, fails, 0
 
     def keep_warm(self) -> float:
         self.warmed += 1
+        if self.fails:
+            raise RuntimeError("no")
         return self.seconds
 
 
 def test_waiting_drafter_keeps_warm_until_a_step_comes():
     """wait_for_step busy-waits for the next step, keeping the draft warm every warm_s: never
     with warm_s = 0, and no more once a keep-warm forward took over a quarter of warm_s; it
-    gives up waiting after idle_s."""
+    gives up waiting after idle_s; a failing keep-warm stops it, not the drafter."""
     from vllm.spec_decode.draft_process import wait_for_step
 
     quick = _Proposer(seconds=0.0)
@@ -264,6 +266,9 @@ def test_waiting_drafter_keeps_warm_until_a_step_comes():
     slow = _Proposer(seconds=1.0)
     assert wait_for_step(_Conn(ready_after=2000), slow, 5.0, 1e-6) == 0.0
     assert slow.warmed == 1
+    broken = _Proposer(seconds=0.0, fails=True)
+    assert wait_for_step(_Conn(ready_after=2000), broken, 5.0, 1e-6) == 0.0
+    assert broken.warmed == 1
     never = _Conn(ready_after=float("inf"))
     start = time.monotonic()
     assert wait_for_step(never, _Proposer(seconds=0.0), 0.05, 0.01) == 0.01

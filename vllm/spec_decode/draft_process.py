@@ -149,7 +149,7 @@ def wait_for_step(conn: Any, proposer: Any, idle_s: float, warm_s: float) -> flo
     """Busy-waits until conn has a step or idle_s has passed, running proposer.keep_warm()
     every warm_s meanwhile (0: never). Returns warm_s for the next wait: 0 once a keep-warm
     forward took over a quarter of it (a draft that large would hold the next step up, and
-    its weights do not stay in the caches anyway)."""
+    its weights do not stay in the caches anyway) or failed."""
     now = time.monotonic()
     wake_until, next_warm = now + idle_s, now + warm_s
     while not conn.poll(0):
@@ -157,9 +157,14 @@ def wait_for_step(conn: Any, proposer: Any, idle_s: float, warm_s: float) -> flo
         if now >= wake_until:
             break
         if warm_s and now >= next_warm:
-            if proposer.keep_warm() > warm_s / 4:
-                logger.info("the drafter's keep-warm forward takes over %.2f ms: not kept "
-                            "warm", 1e3 * warm_s / 4)
+            try:
+                took = proposer.keep_warm()
+            except Exception:  # noqa: BLE001 - an aid, never worth the drafter
+                logger.exception("the drafter's keep-warm forward failed: not kept warm")
+                took = float("inf")
+            if took > warm_s / 4:
+                logger.info("the drafter's keep-warm forward took %.2f ms (over %.2f): not "
+                            "kept warm", 1e3 * took, 1e3 * warm_s / 4)
                 warm_s = 0.0
             next_warm = time.monotonic() + warm_s
     return warm_s

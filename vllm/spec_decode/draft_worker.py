@@ -269,6 +269,7 @@ class DraftModelProposer(Proposer):
         if self.warm_shape is None or self.greedy_step is None:
             return 0.0
         rows, fed, steps = self.warm_shape
+        fed = max(1, min(fed, cpu_decode.MAX_ROWS // rows))  # within the native call's rows
         stride = fed + steps - 1  # each row's own positions: no two rows write one slot
         had = len(self.scratch_blocks)
         if not self.block_manager.grow(self.scratch_blocks, rows * stride):
