@@ -39,13 +39,6 @@ def _positive_seconds(raw: str) -> float:
     return value
 
 
-def _seconds_or_off(raw: str) -> float:
-    value = float(raw)
-    if not 0 <= value <= 60:
-        raise ValueError("expected seconds from 0 (off) to 60")
-    return value
-
-
 def _one_of(*choices: str) -> Callable[[str], str]:
     """A parser of one of choices (any case)."""
     def parse(raw: str) -> str:
@@ -163,11 +156,6 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                  "as long): long enough to span a verification step, short "
                                  "enough that it rests while the goodput controller decodes "
                                  "plainly"),
-    "VLLM_DRAFTER_WARM_S": (_seconds_or_off, 0.002,
-                            "while a spinning draft process waits for the next proposal, it "
-                            "runs a throwaway forward of the last proposal's shape this often "
-                            "(0: never), so that the next one finds its weights in the caches; "
-                            "stopped for a draft whose forward takes over a quarter of this"),
 }
 
 

@@ -11,6 +11,9 @@ and two tokens, and the two alternating as at k = 1: back to back, after an idle
 `--sleep-ms` (the verification), and after that idle with a one-token forward `--warm-ms`
 before the call (would a keep-warm step help?), with the packed copies used from two rows (the
 default) or never. Medians in ms of `--calls` calls, the cells in turns, `--passes` passes.
+(Run 34, the H100 machine's host at 14 threads: the idle cost 0.07-0.2 ms of a 0.26-0.33 ms
+step and a forward 2 ms before won back half at most; a keep-warm built on it did not shorten
+the engine's first forward and was reverted: benchmarks/RESULTS.md.)
 Usage: python benchmarks/lab/draft_idle_lab.py [--threads N] [--sleep-ms 10] [--warm-ms 2,0.5]
        [--busy-wait] [--calls 60]"""
 import argparse

@@ -3,10 +3,8 @@ checked by comparing its drafts with those of a fresh draft worker that recomput
 and the start-up checks."""
 import json
 import shutil
-import time
 
 import pytest
-import torch
 
 from vllm import LLM, SamplingParams
 from vllm.core.request import Request
@@ -190,86 +188,3 @@ def test_greedy_steps_draft_what_the_model_path_drafts(spec_target, spec_draft, 
         drafts[setting], used[setting] = got, len(calls)
     assert drafts["1"] == drafts["0"]
     assert used["0"] == 0 and used["1"] > 0
-
-
-def test_keep_warm_writes_only_its_own_blocks(spec_target, spec_draft):
-    """keep_warm (a throwaway forward of the last proposal's shape, run between proposals by a
-    spinning draft process) runs once a native greedy proposal has set its shape, writes no
-    block of a sequence, and leaves the next drafts what they are without it."""
-    drafts, warm_runs = {}, {}
-    for warm in (True, False):
-        worker = make_proposer(spec_target, spec_draft)
-        reqs = [Request(f"r{i}", None, list(range(10 + i, 40 + 2 * i)),
-                        SamplingParams(temperature=0.0), None) for i in range(3)]
-        got = [worker.propose(reqs, [4, 2, 3]).result().draft_token_ids]
-        # the first proposal's prefill (93 tokens) is beyond the native call: nothing to replay
-        assert worker.keep_warm() == 0.0 and worker.scratch_blocks == []
-        worker.accept(reqs[0], 4)  # a full acceptance: a catch-up of two tokens
-        reqs[0].output_token_ids = got[0][0] + [5]
-        got.append(worker.propose(reqs, [3, 3, 3]).result().draft_token_ids)
-        assert worker.warm_shape == (3, 2, 2)
-        runs = 0
-        if warm:
-            before = [(k.clone(), v.clone()) for k, v in worker.runner.kv_caches]
-            for _ in range(3):
-                runs += worker.keep_warm() > 0
-            scratch = set(worker.scratch_blocks)
-            assert scratch and not scratch & {b for s in worker.seqs.values() for b in s.block_ids}
-            others = [b for b in range(worker.block_manager.num_blocks) if b not in scratch]
-            for (k, v), (k0, v0) in zip(worker.runner.kv_caches, before):
-                assert torch.equal(k[others], k0[others]) and torch.equal(v[others], v0[others])
-                assert not torch.equal(k[sorted(scratch)], k0[sorted(scratch)])
-        for req, d in zip(reqs, got[1]):
-            worker.accept(req, 1)
-            req.output_token_ids = req.output_token_ids + d[:1] + [7]
-        got.append(worker.propose(reqs, [2, 2, 2]).result().draft_token_ids)
-        drafts[warm], warm_runs[warm] = got, runs
-    assert drafts[True] == drafts[False]
-    assert warm_runs[True] == 3
-
-
-class _Conn:
-    """A pipe end whose poll() says a step is there from its `ready_after`-th call on."""
-
-    def __init__(self, ready_after: float) -> None:
-        self.calls, self.ready_after = 0, ready_after
-
-    def poll(self, timeout: float) -> bool:
-        self.calls += 1
-        return self.calls > self.ready_after
-
-
-class _Proposer:
-    def __init__(self, seconds: float, fails: bool = False) -> None:
-        self.seconds, self.fails, self.warmed = seconds, fails, 0
-
-    def keep_warm(self) -> float:
-        self.warmed += 1
-        if self.fails:
-            raise RuntimeError("no")
-        return self.seconds
-
-
-def test_waiting_drafter_keeps_warm_until_a_step_comes():
-    """wait_for_step busy-waits for the next step, keeping the draft warm every warm_s: never
-    with warm_s = 0, and no more once a keep-warm forward took over a quarter of warm_s; it
-    gives up waiting after idle_s; a failing keep-warm stops it, not the drafter."""
-    from vllm.spec_decode.draft_process import wait_for_step
-
-    quick = _Proposer(seconds=0.0)
-    assert wait_for_step(_Conn(ready_after=2000), quick, 5.0, 1e-6) == 1e-6
-    assert quick.warmed > 0
-    idle = _Proposer(seconds=0.0)
-    conn = _Conn(ready_after=2000)
-    assert wait_for_step(conn, idle, 5.0, 0.0) == 0.0
-    assert idle.warmed == 0 and conn.calls == 2001
-    slow = _Proposer(seconds=1.0)
-    assert wait_for_step(_Conn(ready_after=2000), slow, 5.0, 1e-6) == 0.0
-    assert slow.warmed == 1
-    broken = _Proposer(seconds=0.0, fails=True)
-    assert wait_for_step(_Conn(ready_after=2000), broken, 5.0, 1e-6) == 0.0
-    assert broken.warmed == 1
-    never = _Conn(ready_after=float("inf"))
-    start = time.monotonic()
-    assert wait_for_step(never, _Proposer(seconds=0.0), 0.05, 0.01) == 0.01
-    assert 0.05 <= time.monotonic() - start < 5.0

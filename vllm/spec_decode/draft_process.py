@@ -119,11 +119,12 @@ def _drafter_main() -> None:
     conn.send(("ready", os.getpid()))
     mirrors: dict[str, MirroredRequest] = {}
     ahead_done = 0.0  # time.monotonic() when the last drafting ahead ended
-    warm_s = envs.VLLM_DRAFTER_WARM_S
     while True:
         try:
             if spin:  # awake for the next step while steps come
-                warm_s = wait_for_step(conn, proposer, envs.VLLM_DRAFTER_SPIN_IDLE_S, warm_s)
+                wake_until = time.monotonic() + envs.VLLM_DRAFTER_SPIN_IDLE_S
+                while not conn.poll(0) and time.monotonic() < wake_until:
+                    pass
             step = conn.recv()
         except (EOFError, OSError):
             return
@@ -143,31 +144,6 @@ def _drafter_main() -> None:
         if step.draft_ahead:
             proposer.propose_ahead()
             ahead_done = time.monotonic()
-
-
-def wait_for_step(conn: Any, proposer: Any, idle_s: float, warm_s: float) -> float:
-    """Busy-waits until conn has a step or idle_s has passed, running proposer.keep_warm()
-    every warm_s meanwhile (0: never). Returns warm_s for the next wait: 0 once a keep-warm
-    forward took over a quarter of it (a draft that large would hold the next step up, and
-    its weights do not stay in the caches anyway) or failed."""
-    now = time.monotonic()
-    wake_until, next_warm = now + idle_s, now + warm_s
-    while not conn.poll(0):
-        now = time.monotonic()
-        if now >= wake_until:
-            break
-        if warm_s and now >= next_warm:
-            try:
-                took = proposer.keep_warm()
-            except Exception:  # noqa: BLE001 - an aid, never worth the drafter
-                logger.exception("the drafter's keep-warm forward failed: not kept warm")
-                took = float("inf")
-            if took > warm_s / 4:
-                logger.info("the drafter's keep-warm forward took %.2f ms (over %.2f): not "
-                            "kept warm", 1e3 * took, 1e3 * warm_s / 4)
-                warm_s = 0.0
-            next_warm = time.monotonic() + warm_s
-    return warm_s
 
 
 def _serve_step(proposer: Any, mirrors: dict[str, MirroredRequest],

@@ -112,10 +112,6 @@ class DraftModelProposer(Proposer):
         self.last_drafted: list[tuple[Request, int]] = []
         self.ahead: dict[str, tuple[int, list[int]]] = {}
         self.ahead_stats = {"made": 0, "used": 0}
-        # keep_warm: the last proposal's first native call's shape (sequences, most tokens a
-        # sequence fed, steps up to 2) and the blocks its throwaway forwards write
-        self.warm_shape: Optional[tuple[int, int, int]] = None
-        self.scratch_blocks: list[int] = []
         logger.info("draft model %s on %s (%s), KV cache %d blocks",
                     self.config.model_config.model, self.config.device, self.config.torch_dtype,
                     num_blocks)
@@ -200,10 +196,7 @@ class DraftModelProposer(Proposer):
             start = time.perf_counter()
             live = [(r, self.seqs[r.req_id]) for r, k in zip(reqs, ks) if k > step]
             steps = 1 if step == 0 else min(k for k in ks if k > step) - step
-            fed = max(s.num_tokens - s.num_computed_tokens for _, s in live)
             drawn = self._greedy_steps([seq for _, seq in live], steps) if greedy else None
-            if step == 0 and drawn is not None:
-                self.warm_shape = (len(live), min(fed, 2), 2 if last > 1 else 1)
             if drawn is not None:
                 for (req, seq), tokens in zip(live, zip(*drawn)):
                     seq.num_computed_tokens = seq.num_tokens - 1 + steps
@@ -256,34 +249,6 @@ class DraftModelProposer(Proposer):
         tokens = self.greedy_step(torch.tensor(ids), torch.tensor(positions),
                                   torch.tensor(tables, dtype=torch.int32), steps, starts)
         return None if tokens is None else tokens.tolist()
-
-    @torch.inference_mode()
-    def keep_warm(self) -> float:
-        """A throwaway forward of the last proposal's shape (its sequences, feeding up to two
-        tokens each, and a second step where it drafted more than one token) into blocks of
-        its own: between proposals a synchronous drafter idles for a verification, after which
-        its next forward ran at up to twice a back-to-back one (a 20M draft on a 2-core Xeon:
-        1.09 ms after 10 ms idle, 0.72-0.77 with such a forward every 1-2 ms meanwhile;
-        benchmarks/lab/draft_idle_lab.py). Touches no sequence's KV. Returns its seconds (0:
-        nothing ran: no native greedy proposal yet, or no free block)."""
-        if self.warm_shape is None or self.greedy_step is None:
-            return 0.0
-        rows, fed, steps = self.warm_shape
-        fed = max(1, min(fed, cpu_decode.MAX_ROWS // rows))  # within the native call's rows
-        stride = fed + steps - 1  # each row's own positions: no two rows write one slot
-        had = len(self.scratch_blocks)
-        if not self.block_manager.grow(self.scratch_blocks, rows * stride):
-            return 0.0
-        for key, value in self.runner.kv_caches:
-            key[self.scratch_blocks[had:]] = 0  # finite keys and values to attend to
-            value[self.scratch_blocks[had:]] = 0
-        positions = torch.tensor([r * stride + t for r in range(rows) for t in range(fed)])
-        starts = (torch.arange(0, rows * fed + 1, fed, dtype=torch.int32) if fed > 1 else None)
-        tables = torch.tensor([self.scratch_blocks] * rows, dtype=torch.int32)
-        start = time.perf_counter()
-        self.greedy_step(torch.zeros(rows * fed, dtype=torch.long), positions, tables, steps,
-                         starts)
-        return time.perf_counter() - start
 
     @torch.inference_mode()
     def feed(self, requests: list[Request]) -> None:
