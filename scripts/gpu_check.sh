@@ -39,16 +39,14 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the twenty-third session (run 32: the host's draft stage
-#   only, the folds and greedy_steps measured; the device time ran out before the pairs): a
-#   CUDA build, then the trained pairs first (PAIR_SHAPE=llama-2-13b, then 7B;
-#   PAIR_PROPOSERS=draft,draft-gpu PAIR_KS=1,2,3,4,6,8 PAIR_HF=: the CPU draft, its greedy
-#   proposals now in greedy_steps, against the same draft on the GPU at every k, and drafting
-#   ahead at k = 4; predicted: the CPU draft's lead at 13B k = 3 widens from run 22's 2.15x
-#   against 2.05x), then PYTEST_ARGS="-m cuda" ... test (not run since run 30), then on an
-#   H200 PROFILE_SHAPES="llama-2-7b llama-2-13b codellama-34b" ... profile to confirm issue
-#   15's table there. Machines have taken up to 90 minutes to come: keep the plan's first
-#   stage the one that matters most.)
+#   (the next lease's plan, after the twenty-fourth session (runs 33-34 on an H100: the pairs
+#   at every k, CPU draft >= GPU draft but 13B k = 1, a tie within +-2% over three sweeps; the
+#   -m cuda suite 917 passed; a keep-warm for the drafter measured no gain and was reverted):
+#   HOST_ONLY=1 DRAFT_THREADS=16 DRAFT_PATHS=fused DRAFT_STEPS=4 ... draft on the H200's host
+#   (issue 10's batch-8 / batch-1 bar; the attention at batch 8 is SmolLM2's largest stage), then
+#   the 13B pair at PAIR_KS=1,2 PAIR_ROUNDS=3 to settle k = 1 (the drafter's synchronous first
+#   forward costs 0.55-0.69 ms in the engine against 0.36-0.48 in benchmarks/lab/
+#   draft_idle_lab.py after the same idle: the Python around the op, not measured apart).)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
 #   taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
