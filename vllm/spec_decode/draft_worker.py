@@ -237,7 +237,7 @@ class DraftModelProposer(Proposer):
         if any(len(s.block_ids) * block_size < s.num_tokens - 1 + steps for s in seqs):
             return None
         fed = [s.num_tokens - s.num_computed_tokens for s in seqs]
-        if min(fed) < 1:
+        if min(fed) < 1 or sum(fed) > cpu_decode.MAX_ROWS:  # (a prefill: the model path)
             return None
         ids = [t for s in seqs for t in s.token_ids[s.num_computed_tokens:]]
         positions = [p for s in seqs for p in range(s.num_computed_tokens, s.num_tokens)]
