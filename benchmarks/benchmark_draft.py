@@ -275,8 +275,10 @@ def main(args) -> dict:
 
 def print_summary(rows: list[dict], picks: dict) -> None:
     """Per model, dtype and path: the best thread count's batch-1 ms over its floor, and batch
-    b's ms over batch 1's at the same count."""
-    print("\n== summary: x floor at batch 1 (best threads; start-up pick), batch b / batch 1")
+    b's ms over batch 1's at the same count, beside the ratio of their floors (what the weight
+    and KV bytes alone allow: batch b reads b sequences' KV)."""
+    print("\n== summary: x floor at batch 1 (best threads; start-up pick), batch b / batch 1 "
+          "(and of their floors)")
     keys = sorted({(r["model"], r["dtype"], r["path"]) for r in rows})
     for model, dtype, path in keys:
         mine = [r for r in rows if (r["model"], r["dtype"], r["path"]) == (model, dtype, path)]
@@ -289,7 +291,8 @@ def print_summary(rows: list[dict], picks: dict) -> None:
         for r in mine:
             if r["batch_size"] != 1 and r["threads"] == best["threads"]:
                 ratios.append(f"b{r['batch_size']}/b1 "
-                              f"{r['ms_per_forward'] / best['ms_per_forward']:.2f}")
+                              f"{r['ms_per_forward'] / best['ms_per_forward']:.2f} (floors "
+                              f"{r['floor_ms'] / best['floor_ms']:.2f})")
         print(f"{model:<14} {dtype:<9} {path:<6} {best['ms_per_forward']:6.3f} ms = "
               f"{best['ms_per_forward'] / best['floor_ms']:.2f}x floor at {best['threads']} thr "
               f"({pick_txt}); {', '.join(ratios) or '-'}")

@@ -228,3 +228,18 @@ def test_profile_prefill(tmp_path, tiny_llama):
         assert r["decoding"] == 2 and r["engine_step_ms"] > 0 and r["wall_ms"] > 0
         assert r["phases_ms"]["execute_ms"] > 0 and r["top_cpu_ops"]
     assert result["weights_floor_ms"] > 0
+
+
+def test_draft_summary_sets_batch_ratios_beside_their_floors(capsys):
+    """The summary gives batch b's time over batch 1's at the best batch-1 thread count, and
+    beside it the ratio of their floors (what the bytes alone allow)."""
+    from benchmarks.benchmark_draft import print_summary
+    row = dict(model="m", dtype="bfloat16", path="fused")
+    rows = [dict(row, threads=2, batch_size=1, ms_per_forward=1.0, floor_ms=0.5),
+            dict(row, threads=4, batch_size=1, ms_per_forward=2.0, floor_ms=0.4),
+            dict(row, threads=2, batch_size=8, ms_per_forward=1.6, floor_ms=0.75),
+            dict(row, threads=4, batch_size=8, ms_per_forward=9.0, floor_ms=9.0)]
+    print_summary(rows, {("m", "bfloat16"): 4})
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "1.000 ms = 2.00x floor at 2 thr (5.00x at 4)" in line
+    assert line.endswith("b8/b1 1.60 (floors 1.50)")
