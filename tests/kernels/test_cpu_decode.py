@@ -524,6 +524,27 @@ def test_greedy_steps_reject_tables_and_tokens_out_of_range():
                for (k, v), (k0, v0) in zip(caches, before))
 
 
+def test_greedy_step_follows_replaced_weights():
+    """GreedyStep keeps the op's weight arguments between calls; new weights (new storage: a
+    reload, new parameters) of the LM head or of a layer are what its next call runs, as the
+    model's forward does."""
+    model, config = make_model("llama-gqa", torch.float32)
+    caches, md, _ = make_step(config, torch.float32, [9, 30], [1, 1])
+    positions, ids = torch.tensor([8, 29]), torch.tensor([3, 7])
+    step = cpu_decode.GreedyStep.build(model, [(k.clone(), v.clone()) for k, v in caches])
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    torch.manual_seed(1)
+    with torch.inference_mode():
+        tokens = [step(ids, positions, md.block_tables)]
+        for module, scale in ((model.lm_head, 1.0), (qkv, 0.2)):
+            module.weight = torch.nn.Parameter(torch.randn_like(module.weight) * scale)
+            tokens.append(step(ids, positions, md.block_tables))
+            with set_forward_context(step_metadata(md.block_tables, positions),
+                                     [(k.clone(), v.clone()) for k, v in caches]):
+                assert torch.equal(tokens[-1][0], model.compute_argmax(model(ids, positions)))
+    assert not torch.equal(tokens[1], tokens[0]) and not torch.equal(tokens[2], tokens[1])
+
+
 def test_greedy_step_is_built_for_cpu_llama_models_only():
     """No GreedyStep for a model that is not Llama-family or whose weights are not on the CPU."""
     model, _ = make_model("llama-gqa", torch.float32)

@@ -185,6 +185,10 @@ class GreedyStep:
         self.head = model.output_head()
         self.key_caches = [k for k, _ in kv_caches]
         self.value_caches = [v for _, v in kv_caches]
+        # (the weights' key, the op's arguments that only change with the weights or None where
+        # the path cannot run them, the head's weight, an empty tensor: no packed head): see
+        # _arguments
+        self._arguments_of: Optional[tuple] = None
 
     @staticmethod
     def build(model: Any, kv_caches: list) -> Optional["GreedyStep"]:
@@ -200,6 +204,29 @@ class GreedyStep:
             return None
         return GreedyStep(model, kv_caches)
 
+    def _arguments(self) -> tuple[Optional[tuple], torch.Tensor, torch.Tensor]:
+        """(greedy_steps' arguments that change only with the weights: the embedding, the
+        layers' weights, the final norm, the rotary cache, the heads' counts and size, the
+        epsilon, the scale and is_neox; or None where this path cannot run these weights, the
+        LM head's weight, an empty tensor of its dtype), gathered again when a weight's storage
+        changes: a small draft's call spent ~65 us of a ~0.95 ms first forward on its Python
+        (2 cores), most of it in such small calls."""
+        inner = self.model.model
+        weights = _decode_weights(inner)  # itself cached, and gathered again on new storage
+        key = (id(weights), inner.embed_tokens.weight.data_ptr(), self.head.weight.data_ptr())
+        if self._arguments_of is None or self._arguments_of[0] != key:
+            embedding, head = inner.embed_tokens.weight.detach(), self.head.weight.detach()
+            attn = inner.layers[0].self_attn
+            args = None
+            if (weights is not None and embedding.dtype in DTYPES
+                    and weights[1].dtype == embedding.dtype == head.dtype
+                    and head.is_contiguous() and ops.has_kernel("decode_layers", "cpu")):
+                args = (embedding, weights, inner.norm.weight.detach(),
+                        attn.rotary_emb.cos_sin_cache, attn.num_heads, attn.num_kv_heads,
+                        attn.head_dim, inner.norm.variance_epsilon, attn.attn.scale, True)
+            self._arguments_of = (key, args, head, head.new_empty(0))
+        return self._arguments_of[1:]
+
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
                  block_tables: torch.Tensor, steps: int = 1,
                  query_start_loc: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
@@ -208,22 +235,16 @@ class GreedyStep:
         whose KV is missing, at consecutive positions, fed in the first step; block_tables int32
         [rows, blocks] covering every position the steps write), or None where this path does
         not apply."""
-        inner = self.model.model
-        embedding, head = inner.embed_tokens.weight.detach(), self.head.weight.detach()
         rows, first_rows = block_tables.shape[0], input_ids.shape[0]
-        if (not _path_applies(embedding.device, first_rows, embedding.dtype)
-                or head.dtype != embedding.dtype or not head.is_contiguous()):
+        if not (0 < first_rows <= MAX_ROWS and envs.VLLM_CPU_DECODE_PATH == "fused"):
             return None
-        weights = _decode_weights(inner)
-        if weights is None or weights[1].dtype != embedding.dtype:
+        args, head, unpacked = self._arguments()
+        if args is None:
             return None
-        attn = inner.layers[0].self_attn
-        head_packed = _packed_rows(rows, head, self.head)
+        head_packed = unpacked if rows < PACKED_MIN_ROWS else _packed_for(self.head, head)
         tokens = torch.empty(steps, rows, dtype=torch.long)
-        ops.greedy_steps(tokens, input_ids, positions, embedding, weights,
-                         inner.norm.weight.detach(), attn.rotary_emb.cos_sin_cache,
-                         self.key_caches, self.value_caches, block_tables, attn.num_heads,
-                         attn.num_kv_heads, attn.head_dim, inner.norm.variance_epsilon,
-                         attn.attn.scale, True, _decode_packed(inner, weights, first_rows), head,
+        ops.greedy_steps(tokens, input_ids, positions, args[0], args[1], args[2], args[3],
+                         self.key_caches, self.value_caches, block_tables, *args[4:],
+                         _decode_packed(self.model.model, args[1], first_rows), head,
                          head_packed, stage_ms, query_start_loc)
         return tokens
