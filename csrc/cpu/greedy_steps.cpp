@@ -57,7 +57,7 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
               "query_start_loc must be int32 [", rows + 1, "], got ", first_qsl.sizes(), " ",
               first_qsl.scalar_type());
   const int32_t* qs = first_qsl.data_ptr<int32_t>();
-  at::Tensor pos = positions.contiguous().clone();
+  const at::Tensor pos = positions.contiguous();
   at::Tensor ids = input_ids.contiguous();
   const int64_t* p = pos.data_ptr<int64_t>();
   // every position the steps write must lie in its sequence's tables, a sequence's first-step
@@ -81,8 +81,10 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
   }
   TORCH_CHECK(head.size(0) <= vocab, "the LM head's ", head.size(0),
               " rows exceed the embedding's ", vocab);
-  // the first step: every fed token's KV, each sequence's last token's next token
-  at::Tensor last_rows = first_qsl.slice(0, 1).to(at::kLong) - 1;
+  // the first step: every fed token's KV, each sequence's last token's next token (its last
+  // row's, where a sequence feeds several)
+  const at::Tensor last_rows =
+      num_tokens == rows ? at::Tensor() : first_qsl.slice(0, 1).to(at::kLong) - 1;
   at::Tensor slots = at::empty({num_tokens}, cpu_long);
   at::Tensor context_lens = at::empty({rows}, cpu_int);
   int64_t* slot = slots.data_ptr<int64_t>();
@@ -106,7 +108,7 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
     decode_layers(hidden, step_pos, weights, final_norm, cos_sin_cache, key_caches, value_caches,
                   slots.slice(0, 0, n), tables, context_lens, qsl, max_context_len, num_heads,
                   num_kv_heads, head_size, epsilon, scale, is_neox, packed, stage_ms);
-    if (n != rows) hidden = hidden.index_select(0, last_rows);
+    if (n != rows) hidden = hidden.index_select(0, last_rows);  // the first step only
     at::Tensor out = tokens[s];
     linear_argmax(out, hidden, head, head_packed);
     ids = out;
@@ -114,7 +116,7 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
   run_step(pos, first_qsl, 0);
   if (steps == 1) return;
   // later steps: one token a sequence, at the position after its last
-  at::Tensor step_pos = num_tokens == rows ? pos : pos.index_select(0, last_rows);
+  at::Tensor step_pos = num_tokens == rows ? pos.clone() : pos.index_select(0, last_rows);
   at::Tensor one_each = at::arange(rows + 1, cpu_int);
   int64_t* sp = step_pos.data_ptr<int64_t>();
   for (int64_t s = 1; s < steps; ++s) {

@@ -28,7 +28,7 @@ from vllm.model_executor.model_loader.loader import resolve_config
 from vllm.model_executor.sampler import Sampler, SamplingBatch, argmax_rows
 from vllm.spec_decode.proposer import Proposal, ProposalHandle, Proposer
 from vllm.worker import cpu_threads, kv_cache
-from vllm.worker.model_runner import ModelRunner
+from vllm.worker.model_runner import ModelRunner, padded_block_tables
 
 logger = init_logger(__name__)
 
@@ -241,13 +241,12 @@ class DraftModelProposer(Proposer):
             return None
         ids = [t for s in seqs for t in s.token_ids[s.num_computed_tokens:]]
         positions = [p for s in seqs for p in range(s.num_computed_tokens, s.num_tokens)]
-        width = max(len(s.block_ids) for s in seqs)
-        tables = [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]
         starts = None
         if len(ids) != len(seqs):
             starts = torch.tensor([0] + list(itertools.accumulate(fed)), dtype=torch.int32)
         tokens = self.greedy_step(torch.tensor(ids), torch.tensor(positions),
-                                  torch.tensor(tables, dtype=torch.int32), steps, starts)
+                                  torch.tensor(padded_block_tables(seqs), dtype=torch.int32),
+                                  steps, starts)
         return None if tokens is None else tokens.tolist()
 
     @torch.inference_mode()

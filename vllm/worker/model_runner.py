@@ -49,6 +49,12 @@ class RunnerOutput:
     failed: dict[int, str] = field(default_factory=dict)
 
 
+
+def padded_block_tables(seqs: list) -> list[list[int]]:
+    """Each sequence's block ids, padded with block 0 to the longest (rows of block_tables)."""
+    width = max(len(s.block_ids) for s in seqs)
+    return [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]
+
 class ModelRunner:
 
     def __init__(self, config: VllmConfig) -> None:
@@ -135,8 +141,7 @@ class ModelRunner:
                 last = query_start_loc[-1]
                 logits_indices.extend(range(last - 1 - len(drafts), last))
                 sampling_requests.append(i)
-        max_blocks = max(len(r.block_ids) for r in out.requests)
-        block_tables = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in out.requests]
+        block_tables = padded_block_tables(out.requests)
         dev = self.device
 
         def to_dev(values, dtype):
