@@ -20,10 +20,10 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.core.request import Request  # noqa: E402
 
 model_dir, rev = sys.argv[1], sys.argv[2]
-old = types.ModuleType("cpu_decode_" + rev)
-old.__dict__["__name__"] = "vllm.model_executor.cpu_decode_old"
-exec(subprocess.check_output(["git", "-C", ROOT, "show", f"{rev}:vllm/model_executor/cpu_decode.py"],
-                             text=True), old.__dict__)
+old = types.ModuleType("cpu_decode_at_" + rev)
+source = subprocess.check_output(
+    ["git", "-C", ROOT, "show", f"{rev}:vllm/model_executor/cpu_decode.py"], text=True)
+exec(source, old.__dict__)
 args = types.SimpleNamespace(load_format="dummy", context=256, num_forwards=400, steps=1,
                              settings="default", batch_sizes=[1])
 draft = make_draft(args, model_dir, "bfloat16")

@@ -29,15 +29,11 @@ DTYPES = (torch.float32, torch.bfloat16)
 stage_ms: Optional[torch.Tensor] = None
 
 
-def _path_applies(device: torch.device, rows: int, dtype: torch.dtype) -> bool:
-    """True when a step of `rows` rows of dtype on device takes the small-row path."""
-    return (device.type == "cpu" and 0 < rows <= MAX_ROWS and dtype in DTYPES
-            and envs.VLLM_CPU_DECODE_PATH == "fused" and ops.has_kernel("decode_layers", "cpu"))
-
-
 def rows_apply(x: torch.Tensor) -> bool:
     """True when a [rows, features] CPU tensor takes the small-row path."""
-    return x.dim() == 2 and _path_applies(x.device, x.shape[0], x.dtype)
+    return (x.device.type == "cpu" and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS
+            and x.dtype in DTYPES and envs.VLLM_CPU_DECODE_PATH == "fused"
+            and ops.has_kernel("decode_layers", "cpu"))
 
 
 def packed_copy(weight: torch.Tensor) -> torch.Tensor:
@@ -76,7 +72,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> torch.Te
     weight's packed copy, kept on `owner`, when one is given), else F.linear."""
     if _weight_applies(x, weight):
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-        ops.linear_packed(out, x.contiguous(), weight, _packed_rows(x.shape[0], weight, owner), None)
+        ops.linear_packed(out, x.contiguous(), weight, _packed_rows(x.shape[0], weight, owner),
+                          None)
         return out
     return torch.nn.functional.linear(x, weight)
 
