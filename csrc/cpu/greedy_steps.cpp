@@ -1,8 +1,9 @@
-// greedy_steps on the CPU: a plain-greedy draft's next `steps` one-token forwards in one call.
-// Each step gathers its tokens' embedding rows, runs decode_layers (every layer and the final
-// norm) and linear_argmax (the LM head's first maximum a row), and feeds those tokens to the
-// next step at the next positions, the slots and context lengths worked out here from the block
-// tables. Between a draft's steps nothing but these three calls runs: in a Python loop, each
+// greedy_steps on the CPU: a plain-greedy draft's next `steps` forwards in one call (the first
+// may catch a sequence up on several tokens, the later ones feed one token a sequence). Each
+// step gathers its tokens' embedding rows, runs decode_layers (every layer and the final norm)
+// and linear_argmax (the LM head's first maximum, of each sequence's last row), and feeds those
+// tokens to the next step at the next positions, the slots and context lengths worked out here
+// from the block tables. Between a draft's steps nothing but these three calls runs: in a Python loop, each
 // step's input building, embedding and dispatch cost about as much as a small draft's layers
 // (a 20M draft on a 2-core Xeon: ~0.25 ms of a 0.9 ms forward, its Python's data evicted by the
 // weights' stream every step).
