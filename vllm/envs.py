@@ -149,7 +149,9 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                           "the draft process busy-waits while proposals come (its torch "
                           "threads and its main thread, for VLLM_DRAFTER_SPIN_IDLE_S after "
                           "the last one) instead of sleeping between them: auto (when it is "
-                          "pinned to cores of its own: a GPU target, 4+ cores), on, off"),
+                          "pinned to cores of its own: a GPU target, 4+ cores), on, off; "
+                          "where it spins, the engine polls for its answers as long before "
+                          "sleeping on the pipe"),
     "VLLM_DRAFTER_SPIN_IDLE_S": (_positive_seconds, 0.05,
                                  "how long a spinning draft process keeps busy-waiting after "
                                  "its last proposal before it sleeps (its torch threads about "

@@ -2,8 +2,10 @@
 for a draft equal to and different from the target; a drafter that hangs (SIGSTOP) past the
 timeout or dies (SIGKILL) mid-generation is replaced while the engine decodes without
 speculation, and outputs still equal plain decoding; a bad draft is a start-up error."""
+import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -193,6 +195,33 @@ def test_a_spinning_drafter_rests_once_steps_stop(spec_target, spec_draft, spin_
         assert idle < 0.05, idle
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("spins", [True, False])
+def test_the_engine_polls_for_an_answer_then_sleeps_until_its_timeout(spins, monkeypatch):
+    """Beside a spinning drafter the engine polls the pipe busily for the drafter's spin window,
+    then sleeps on it: an answer after the window is still read, none is a timeout after
+    timeout_s; without spinning it sleeps from the start (no CPU burnt while waiting)."""
+    monkeypatch.setenv("VLLM_DRAFTER_SPIN_IDLE_S", "0.2")
+    parent, child = multiprocessing.Pipe()
+    proposer = object.__new__(draft_process.DraftProcessProposer)
+    proposer.conn, proposer.spins, proposer.timeout_s = parent, spins, 0.1
+    start, cpu_start = time.monotonic(), time.thread_time()
+    assert not proposer._answer_arrived()
+    waited, cpu = time.monotonic() - start, time.thread_time() - cpu_start
+    assert waited >= (0.3 if spins else 0.1) - 0.01, waited
+    assert (cpu > 0.05) if spins else (cpu < 0.03), cpu
+    late = threading.Timer(0.25, child.send, args=("late",))
+    late.start()
+    try:
+        proposer.timeout_s = 5.0
+        assert proposer._answer_arrived() and parent.recv() == "late"
+    finally:
+        late.join()
+    child.send("there")  # already waiting in the pipe: read at once either way
+    start = time.monotonic()
+    assert proposer._answer_arrived() and time.monotonic() - start < 0.05
+    assert parent.recv() == "there"
 
 
 @pytest.mark.parametrize("fault", [signal.SIGSTOP, signal.SIGKILL])

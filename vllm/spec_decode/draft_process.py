@@ -366,9 +366,21 @@ class DraftProcessProposer(Proposer):
             step.deltas.append((req.req_id, sent,
                                 req.output_token_ids[sent - req.num_prompt_tokens:]))
 
+    def _answer_arrived(self) -> bool:
+        """Waits for the drafter's answer, at most timeout_s. Where the drafter spins (it has
+        cores of its own, and the engine's are not its), the engine polls too, for as long as
+        the drafter would (VLLM_DRAFTER_SPIN_IDLE_S), before it sleeps on the pipe: waking from
+        that sleep costs its own latency on every step."""
+        if self.spins:
+            until = time.monotonic() + envs.VLLM_DRAFTER_SPIN_IDLE_S
+            while time.monotonic() < until:
+                if self.conn.poll(0):
+                    return True
+        return self.conn.poll(self.timeout_s)
+
     def _receive(self, empty: Proposal) -> Proposal:
         try:
-            if not self.conn.poll(self.timeout_s):
+            if not self._answer_arrived():
                 self._fail(f"the draft process did not answer within {self.timeout_s} s")
                 return empty
             kind, *value = self.conn.recv()
