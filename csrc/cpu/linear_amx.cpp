@@ -91,6 +91,13 @@ int64_t amx_min_rows() {
   return 1;
 }
 
+// VLLM_CPU_AMX_PREFETCH (read at every call; an experiment's switch): 1 prefetches the packed
+// AMX tiles' weight streams ahead (packed_panels_amx), 0 (default) leaves them to the hardware.
+bool amx_prefetch() {
+  const char* v = std::getenv("VLLM_CPU_AMX_PREFETCH");
+  return v != nullptr && std::string(v) == "1";
+}
+
 // Tiles 0 .. 7 of rows[t] rows of 64 bytes each (0: unused).
 VLLM_AMX_TARGET void load_tile_config(const uint8_t (&rows)[8]) {
   TileConfig cfg;
@@ -216,10 +223,15 @@ constexpr int kPackedPanels = 4;  // accumulator tiles: 4 panels of 16 outputs p
 // operand (m_dim rows x 32 columns per k-step, read in place), the packed panel's k-step the B
 // operand (its 16 column pairs x 16 weight rows are the 1 KB at panel + 512 s: the tile layout
 // itself). C tile t = out[m][16 (pb + t) + n], m_dim rows x 16 fp32, stored to c + 256 t.
+// Each k-step also prefetches (into L2) the k-step kPrefetchSteps ahead of each of its NB
+// streams, running on into the next pass's panels (pb + NB ..) over its last k-steps, below
+// `panels` (prefetch_panels; 0: none).
+constexpr int64_t kPrefetchSteps = 2;
+
 template <int NB>
 VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t ldx,
                                        const c10::BFloat16* packed, int64_t pairs,
-                                       int64_t steps, int64_t pb) {
+                                       int64_t steps, int64_t pb, int64_t prefetch_panels) {
   static_assert(NB >= 1 && NB <= kPackedPanels, "4 accumulator tiles");
   _tile_zero(0);
   if constexpr (NB > 1) _tile_zero(1);
@@ -228,6 +240,17 @@ VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t
   const c10::BFloat16* b0 = packed + pb * pairs * 2 * kPackRows;
   const int64_t panel = pairs * 2 * kPackRows;  // elements per panel
   for (int64_t s = 0; s < steps; ++s) {
+    if (prefetch_panels > 0) {
+      const int64_t ahead = s + kPrefetchSteps;
+      const int64_t q0 = ahead < steps ? pb : pb + NB;  // the streams' panels at that k-step
+      const int64_t sa = ahead < steps ? ahead : ahead - steps;
+      for (int t = 0; t < NB; ++t) {
+        if (q0 + t >= prefetch_panels) break;
+        const char* line = reinterpret_cast<const char*>(packed + (q0 + t) * panel +
+                                                         sa * kTileK * kPackRows);
+        for (int l = 0; l < 16; ++l) _mm_prefetch(line + 64 * l, _MM_HINT_T1);
+      }
+    }
     _tile_loadd(4, x + s * kTileK, ldx * 2);
     const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
     _tile_loadd(5, b, 64);
@@ -368,7 +391,8 @@ class AmxPanels final : public PanelKernel {
       : PanelKernel(m_dim <= kMaxRows ? kPackedPanels : m_dim <= kMaxPackedRows ? 2 : 1),
         out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim), n_(n_dim),
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
-        groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)) {}
+        groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),
+        prefetch_panels_(amx_prefetch() ? (n_dim + kPackRows - 1) / kPackRows : 0) {}
 
   void begin() const override {
     if (m_ <= kMaxRows) {
@@ -391,7 +415,8 @@ class AmxPanels final : public PanelKernel {
     alignas(64) float c[4 * 256];
     if (m_ <= kMaxRows) {
       for_rows_left<kPackedPanels>(nb, [&](auto panels_now) {
-        packed_panels_amx<decltype(panels_now)::value>(c, x, ldx, packed_, pairs_, steps_, pb);
+        packed_panels_amx<decltype(panels_now)::value>(c, x, ldx, packed_, pairs_, steps_, pb,
+                                                       prefetch_panels_);
       });
       write_panels(out_, ldo_, c, bias_, m_, n_, pb, nb);
     } else if (m_ <= kMaxPackedRows) {
@@ -424,6 +449,7 @@ class AmxPanels final : public PanelKernel {
   const c10::BFloat16 *packed_, *bias_;
   int64_t m_, n_, pairs_, steps_;
   int groups_;
+  int64_t prefetch_panels_;
 };
 
 }  // namespace
