@@ -105,13 +105,15 @@ inline int64_t panels_per_task(int64_t panels, int64_t most, int64_t threads) {
 void check_packed(const at::Tensor& packed, const at::Tensor& weight);
 // A packed linear's kernel (the AVX512_BF16 tiles below, linear_amx.cpp's AMX tiles): run
 // writes out's columns of panels pb .. pb + nb (nb <= most) from input rows x, on the calling
-// thread, between begin() and end() (once a chunk of tasks: the AMX tile configuration).
+// thread, between begin() and end() (once a chunk of tasks: the AMX tile configuration); the
+// calling thread's next panels, if any, are pb + nb .. next_end (a kernel may prefetch them).
 class PanelKernel {
  public:
   explicit PanelKernel(int64_t most) : most(most) {}
   virtual ~PanelKernel() = default;
   virtual void begin() const {}
-  virtual void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx) const = 0;
+  virtual void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
+                   int64_t next_end) const = 0;
   virtual void end() const {}
   const int64_t most;
 };

@@ -224,14 +224,15 @@ constexpr int kPackedPanels = 4;  // accumulator tiles: 4 panels of 16 outputs p
 // operand (its 16 column pairs x 16 weight rows are the 1 KB at panel + 512 s: the tile layout
 // itself). C tile t = out[m][16 (pb + t) + n], m_dim rows x 16 fp32, stored to c + 256 t.
 // Each k-step also prefetches (into L2) the k-step kPrefetchSteps ahead of each of its NB
-// streams, running on into the next pass's panels (pb + NB ..) over its last k-steps, below
-// `panels` (prefetch_panels; 0: none).
+// streams, running on into the calling thread's next pass (panels pb + NB .. below next_end)
+// over its last k-steps (prefetch: VLLM_CPU_AMX_PREFETCH).
 constexpr int64_t kPrefetchSteps = 2;
 
 template <int NB>
 VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t ldx,
                                        const c10::BFloat16* packed, int64_t pairs,
-                                       int64_t steps, int64_t pb, int64_t prefetch_panels) {
+                                       int64_t steps, int64_t pb, bool prefetch,
+                                       int64_t next_end) {
   static_assert(NB >= 1 && NB <= kPackedPanels, "4 accumulator tiles");
   _tile_zero(0);
   if constexpr (NB > 1) _tile_zero(1);
@@ -240,12 +241,13 @@ VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t
   const c10::BFloat16* b0 = packed + pb * pairs * 2 * kPackRows;
   const int64_t panel = pairs * 2 * kPackRows;  // elements per panel
   for (int64_t s = 0; s < steps; ++s) {
-    if (prefetch_panels > 0) {
+    if (prefetch) {
       const int64_t ahead = s + kPrefetchSteps;
       const int64_t q0 = ahead < steps ? pb : pb + NB;  // the streams' panels at that k-step
       const int64_t sa = ahead < steps ? ahead : ahead - steps;
+      const int64_t q_end = ahead < steps ? pb + NB : next_end;
       for (int t = 0; t < NB; ++t) {
-        if (q0 + t >= prefetch_panels) break;
+        if (q0 + t >= q_end) break;
         const char* line = reinterpret_cast<const char*>(packed + (q0 + t) * panel +
                                                          sa * kTileK * kPackRows);
         for (int l = 0; l < 16; ++l) _mm_prefetch(line + 64 * l, _MM_HINT_T1);
@@ -392,7 +394,7 @@ class AmxPanels final : public PanelKernel {
         out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim), n_(n_dim),
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),
-        prefetch_panels_(amx_prefetch() ? (n_dim + kPackRows - 1) / kPackRows : 0) {}
+        prefetch_(amx_prefetch()) {}
 
   void begin() const override {
     if (m_ <= kMaxRows) {
@@ -411,12 +413,13 @@ class AmxPanels final : public PanelKernel {
     }
   }
 
-  void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx) const override {
+  void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
+           int64_t next_end) const override {
     alignas(64) float c[4 * 256];
     if (m_ <= kMaxRows) {
       for_rows_left<kPackedPanels>(nb, [&](auto panels_now) {
         packed_panels_amx<decltype(panels_now)::value>(c, x, ldx, packed_, pairs_, steps_, pb,
-                                                       prefetch_panels_);
+                                                       prefetch_, next_end);
       });
       write_panels(out_, ldo_, c, bias_, m_, n_, pb, nb);
     } else if (m_ <= kMaxPackedRows) {
@@ -449,7 +452,7 @@ class AmxPanels final : public PanelKernel {
   const c10::BFloat16 *packed_, *bias_;
   int64_t m_, n_, pairs_, steps_;
   int groups_;
-  int64_t prefetch_panels_;
+  bool prefetch_;
 };
 
 }  // namespace

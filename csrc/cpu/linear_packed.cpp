@@ -141,7 +141,9 @@ class PackedTiles final : public PanelKernel {
               const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim)
       : PanelKernel(kPanels), out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim),
         n_(n_dim), k_(k_dim) {}
-  void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx) const override {
+  void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
+           int64_t next_end) const override {
+    (void)next_end;  // the hardware prefetcher follows a panel into the next (kPrefetchElems)
     if (nb == kPanels) {
       packed_panels<kPanels>(out_, ldo_, x, ldx, packed_, bias_, m_, n_, k_, pb);
     } else {
@@ -197,8 +199,9 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
     for (int64_t t = begin; t < end; ++t) {
       const int64_t pb = t * per;
       const int nb = static_cast<int>(std::min(per, span - pb));
-      kernel.run(pb, nb, rows, ld);
-      if (paired) kernel.run(span + pb, nb, rows, ld);
+      const int64_t next_end = std::min(end * per, span);  // this thread's panels' end
+      kernel.run(pb, nb, rows, ld, next_end);
+      if (paired) kernel.run(span + pb, nb, rows, ld, span + next_end);
       if (fold != nullptr) {
         fold->output(pb * kPackRows, std::min((pb + nb) * kPackRows, paired ? n_dim / 2 : n_dim));
       }
