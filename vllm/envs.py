@@ -75,6 +75,11 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                      "the weights' packed copies), all 1 to 16 (64) (H200 host, a draft step's "
                      "matrices: 0.40-0.89x the AVX512 kernels' time at 8-16 rows, 0.93-1.4x at "
                      "1-4)"),
+    "VLLM_CPU_AMX_PREFETCH": (_one_of("0", "1"), "1",
+                              "the packed AMX tiles prefetch each weight stream two k-steps "
+                              "ahead, into the thread's next panels at a pass's end (read by "
+                              "the kernel at each call): 1 (default), 0 off (SmolLM2-135M batch "
+                              "8: 2-6% a forward)"),
     "VLLM_CPU_DECODE_SPLIT_ELEMS": (int, 2048,
                                     "elements a thread from which decode_layers splits its "
                                     "norms, silu_and_mul and rotary over the threads (read by "

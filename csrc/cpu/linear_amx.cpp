@@ -91,11 +91,17 @@ int64_t amx_min_rows() {
   return 1;
 }
 
-// VLLM_CPU_AMX_PREFETCH (read at every call; an experiment's switch): 1 prefetches the packed
-// AMX tiles' weight streams ahead (packed_panels_amx), 0 (default) leaves them to the hardware.
+// VLLM_CPU_AMX_PREFETCH (read at every call): 1 (default) prefetches the packed AMX tiles'
+// weight streams ahead (packed_panels_amx), 0 leaves them to the hardware prefetchers, which
+// restart 3 of a pass's 4 streams at every pass. SmolLM2-135M's batch-8 draft forward, in
+// turns: 2-3% faster on a 2-core AMX Xeon, 5.3-5.6% on the H200's and an H100's 16-core hosts
+// (its gate/up projection 7-13%); the 20M and 68M drafts' within +-4% (benchmarks/RESULTS.md,
+// twenty-fifth session).
 bool amx_prefetch() {
   const char* v = std::getenv("VLLM_CPU_AMX_PREFETCH");
-  return v != nullptr && std::string(v) == "1";
+  if (v == nullptr || std::string(v) == "1") return true;
+  TORCH_CHECK(std::string(v) == "0", "VLLM_CPU_AMX_PREFETCH must be 0 or 1, got '", v, "'");
+  return false;
 }
 
 // Tiles 0 .. 7 of rows[t] rows of 64 bytes each (0: unused).
