@@ -231,8 +231,24 @@ constexpr int kPackedPanels = 4;  // accumulator tiles: 4 panels of 16 outputs p
 // itself). C tile t = out[m][16 (pb + t) + n], m_dim rows x 16 fp32, stored to c + 256 t.
 // Each k-step also prefetches (into L2) the k-step kPrefetchSteps ahead of each of its NB
 // streams, running on into the calling thread's next pass (panels pb + NB .. below next_end)
-// over its last k-steps (prefetch: VLLM_CPU_AMX_PREFETCH).
+// over its last k-steps (prefetch: VLLM_CPU_AMX_PREFETCH): prefetch_streams.
 constexpr int64_t kPrefetchSteps = 2;
+
+// At k-step s of a pass over the NB panels from pb: the 1 KB of each stream kPrefetchSteps on.
+template <int NB>
+inline void prefetch_streams(const c10::BFloat16* packed, int64_t panel, int64_t steps,
+                             int64_t pb, int64_t next_end, int64_t s) {
+  const int64_t ahead = s + kPrefetchSteps;
+  const int64_t q0 = ahead < steps ? pb : pb + NB;  // the streams' panels at that k-step
+  const int64_t sa = ahead < steps ? ahead : ahead - steps;
+  const int64_t q_end = ahead < steps ? pb + NB : next_end;
+  for (int t = 0; t < NB; ++t) {
+    if (q0 + t >= q_end) break;
+    const char* line =
+        reinterpret_cast<const char*>(packed + (q0 + t) * panel + sa * kTileK * kPackRows);
+    for (int l = 0; l < 16; ++l) _mm_prefetch(line + 64 * l, _MM_HINT_T1);
+  }
+}
 
 template <int NB>
 VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t ldx,
@@ -247,18 +263,7 @@ VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t
   const c10::BFloat16* b0 = packed + pb * pairs * 2 * kPackRows;
   const int64_t panel = pairs * 2 * kPackRows;  // elements per panel
   for (int64_t s = 0; s < steps; ++s) {
-    if (prefetch) {
-      const int64_t ahead = s + kPrefetchSteps;
-      const int64_t q0 = ahead < steps ? pb : pb + NB;  // the streams' panels at that k-step
-      const int64_t sa = ahead < steps ? ahead : ahead - steps;
-      const int64_t q_end = ahead < steps ? pb + NB : next_end;
-      for (int t = 0; t < NB; ++t) {
-        if (q0 + t >= q_end) break;
-        const char* line = reinterpret_cast<const char*>(packed + (q0 + t) * panel +
-                                                         sa * kTileK * kPackRows);
-        for (int l = 0; l < 16; ++l) _mm_prefetch(line + 64 * l, _MM_HINT_T1);
-      }
-    }
+    if (prefetch) prefetch_streams<NB>(packed, panel, steps, pb, next_end, s);
     _tile_loadd(4, x + s * kTileK, ldx * 2);
     const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
     _tile_loadd(5, b, 64);
@@ -289,7 +294,8 @@ VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t
 template <int NB>
 VLLM_AMX_TARGET void packed_panels_amx2(float* c, const c10::BFloat16* x, int64_t ldx,
                                         const c10::BFloat16* packed, int64_t pairs,
-                                        int64_t steps, int64_t pb) {
+                                        int64_t steps, int64_t pb, bool prefetch,
+                                        int64_t next_end) {
   static_assert(NB == 1 || NB == 2, "2 row groups x 2 panels of accumulator tiles");
   _tile_zero(0);
   _tile_zero(2);
@@ -301,6 +307,7 @@ VLLM_AMX_TARGET void packed_panels_amx2(float* c, const c10::BFloat16* x, int64_
   const c10::BFloat16* x1 = x + kTileRows * ldx;
   const int64_t panel = pairs * 2 * kPackRows;  // elements per panel
   for (int64_t s = 0; s < steps; ++s) {
+    if (prefetch) prefetch_streams<NB>(packed, panel, steps, pb, next_end, s);
     _tile_loadd(4, x + s * kTileK, ldx * 2);
     _tile_loadd(5, x1 + s * kTileK, ldx * 2);
     const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
@@ -430,9 +437,9 @@ class AmxPanels final : public PanelKernel {
       write_panels(out_, ldo_, c, bias_, m_, n_, pb, nb);
     } else if (m_ <= kMaxPackedRows) {
       if (nb == 2) {
-        packed_panels_amx2<2>(c, x, ldx, packed_, pairs_, steps_, pb);
+        packed_panels_amx2<2>(c, x, ldx, packed_, pairs_, steps_, pb, prefetch_, next_end);
       } else {
-        packed_panels_amx2<1>(c, x, ldx, packed_, pairs_, steps_, pb);
+        packed_panels_amx2<1>(c, x, ldx, packed_, pairs_, steps_, pb, prefetch_, next_end);
       }
       write_panels(out_, ldo_, c, bias_, kMaxRows, n_, pb, nb);
       write_panels(out_ + kMaxRows * ldo_, ldo_, c + 256 * nb, bias_, m_ - kMaxRows, n_, pb, nb);
