@@ -39,14 +39,14 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the twenty-fourth session (runs 33-34 on an H100: the pairs
-#   at every k, CPU draft >= GPU draft but 13B k = 1, a tie within +-2% over three sweeps; the
-#   -m cuda suite 917 passed; a keep-warm for the drafter measured no gain and was reverted):
-#   HOST_ONLY=1 DRAFT_THREADS=16 DRAFT_PATHS=fused DRAFT_STEPS=4 ... draft on the H200's host
-#   (issue 10's batch-8 / batch-1 bar; the attention at batch 8 is SmolLM2's largest stage), then
-#   the 13B pair at PAIR_KS=1,2 PAIR_ROUNDS=3 to settle k = 1 (the drafter's synchronous first
-#   forward costs 0.55-0.69 ms in the engine against 0.36-0.48 in benchmarks/lab/
-#   draft_idle_lab.py after the same idle: the Python around the op, not measured apart).)
+#   (the next lease's plan, after the twenty-fifth session (run 35 on an H100: the 13B pair at
+#   k = 1 1.66x against the GPU draft's 1.58x, k = 2 2.18x against 1.98x, the engine polling
+#   beside the spinning drafter; runs 36-37: the AMX tiles' prefetch, SmolLM2 batch 8 -5%):
+#   both pairs at every k at HEAD on one host (PAIR_KS=1,2,3,4,6,8 PAIR_ROUNDS=2, PAIR_SHAPE
+#   llama-2-13b then llama-2-7b), then the -m cuda suite; the host's batch-8 / batch-1 bar stays
+#   open (draft-20m's floors alone are 1.43-1.55 apart; SmolLM2's batch-8 linears still take
+#   ~0.5 ms more than batch 1's inside a forward, its attention at batch 1 ~20 us a layer of
+#   fixed cost: benchmarks/lab/cpu_attention_cold.py 16 1 312).)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
 #   taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)

@@ -94,7 +94,7 @@ int64_t amx_min_rows() {
 // VLLM_CPU_AMX_PREFETCH (read at every call): 1 (default) prefetches the packed AMX tiles'
 // weight streams ahead (packed_panels_amx), 0 leaves them to the hardware prefetchers, which
 // restart 3 of a pass's 4 streams at every pass. SmolLM2-135M's batch-8 draft forward, in
-// turns: 2-3% faster on a 2-core AMX Xeon, 5.3-5.6% on the H200's and an H100's 16-core hosts
+// turns: 0.2-3.4% faster on a 2-core AMX Xeon, 5.3-5.6% on the H200's and an H100's 16-core hosts
 // (its gate/up projection 7-13%); the 20M and 68M drafts' within +-4% (benchmarks/RESULTS.md,
 // twenty-fifth session).
 bool amx_prefetch() {
@@ -225,16 +225,13 @@ namespace {
 
 constexpr int kPackedPanels = 4;  // accumulator tiles: 4 panels of 16 outputs per pass
 
-// The packed copy's panels pb .. pb + NB against the m_dim input rows: the input rows are the A
-// operand (m_dim rows x 32 columns per k-step, read in place), the packed panel's k-step the B
-// operand (its 16 column pairs x 16 weight rows are the 1 KB at panel + 512 s: the tile layout
-// itself). C tile t = out[m][16 (pb + t) + n], m_dim rows x 16 fp32, stored to c + 256 t.
-// Each k-step also prefetches (into L2) the k-step kPrefetchSteps ahead of each of its NB
-// streams, running on into the calling thread's next pass (panels pb + NB .. below next_end)
-// over its last k-steps (prefetch: VLLM_CPU_AMX_PREFETCH): prefetch_streams.
+// How far ahead of a k-step its weight streams are prefetched (prefetch_streams).
 constexpr int64_t kPrefetchSteps = 2;
 
-// At k-step s of a pass over the NB panels from pb: the 1 KB of each stream kPrefetchSteps on.
+// At k-step s of a pass over the NB panels from pb (NB streams side by side): the 1 KB of each
+// stream kPrefetchSteps k-steps on, into L2; over the pass's last k-steps that is the calling
+// thread's next pass (panels pb + NB .. below next_end), whose streams the hardware prefetchers
+// would otherwise find again from their first misses.
 template <int NB>
 inline void prefetch_streams(const c10::BFloat16* packed, int64_t panel, int64_t steps,
                              int64_t pb, int64_t next_end, int64_t s) {
@@ -250,6 +247,11 @@ inline void prefetch_streams(const c10::BFloat16* packed, int64_t panel, int64_t
   }
 }
 
+// The packed copy's panels pb .. pb + NB against the m_dim input rows: the input rows are the A
+// operand (m_dim rows x 32 columns per k-step, read in place), the packed panel's k-step the B
+// operand (its 16 column pairs x 16 weight rows are the 1 KB at panel + 512 s: the tile layout
+// itself). C tile t = out[m][16 (pb + t) + n], m_dim rows x 16 fp32, stored to c + 256 t.
+// prefetch (VLLM_CPU_AMX_PREFETCH): each k-step prefetch_streams.
 template <int NB>
 VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t ldx,
                                        const c10::BFloat16* packed, int64_t pairs,

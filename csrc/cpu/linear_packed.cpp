@@ -195,11 +195,11 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
       rows = x;
       ld = ldx;
     }
+    const int64_t next_end = std::min(end * per, span);  // this thread's panels' end
     kernel.begin();
     for (int64_t t = begin; t < end; ++t) {
       const int64_t pb = t * per;
       const int nb = static_cast<int>(std::min(per, span - pb));
-      const int64_t next_end = std::min(end * per, span);  // this thread's panels' end
       kernel.run(pb, nb, rows, ld, next_end);
       if (paired) kernel.run(span + pb, nb, rows, ld, span + next_end);
       if (fold != nullptr) {
