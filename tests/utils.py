@@ -42,13 +42,18 @@ def assert_close(op: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.dty
     assert err <= REL_TOL[dtype] * tol_scale, f"{op}: relative error {err:.2e} on {key}"
 
 
-def has_avx512_bf16() -> bool:
-    """Whether this CPU has AVX512_BF16 (the CPU kernels' bf16 dot products, packed weights)."""
+def cpu_has(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists this CPU flag (False where there is no /proc/cpuinfo)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return "avx512_bf16" in f.read()
+            return flag in f.read().split()
     except OSError:
         return False
+
+
+def has_avx512_bf16() -> bool:
+    """Whether this CPU has AVX512_BF16 (the CPU kernels' bf16 dot products, packed weights)."""
+    return cpu_has("avx512_bf16")
 
 
 def check_strided_bf16_linear(op: str, linear, m: int, n: int, k: int) -> None:

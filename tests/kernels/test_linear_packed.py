@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.utils import assert_close, check_strided_bf16_linear, has_avx512_bf16
+from tests.utils import assert_close, check_strided_bf16_linear, cpu_has, has_avx512_bf16
 from vllm import _custom_ops as ops
 
 pytestmark = pytest.mark.skipif(not ops.has_kernel("linear_packed", "cpu"),
@@ -114,15 +114,7 @@ def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
         out, x, w, ops.pack_linear(w), b), m, n, k)
 
 
-def has_amx_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "amx_bf16" in f.read()
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not has_amx_bf16(), reason="read by the packed AMX tiles")
+@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="read by the packed AMX tiles")
 def test_amx_prefetch_setting_is_checked(monkeypatch):
     """VLLM_CPU_AMX_PREFETCH, read by the packed AMX tiles at each call, takes 0 or 1; anything
     else is an error naming it."""
