@@ -3,10 +3,10 @@
 // step gathers its tokens' embedding rows, runs decode_layers (every layer and the final norm)
 // and linear_argmax (the LM head's first maximum, of each sequence's last row), and feeds those
 // tokens to the next step at the next positions, the slots and context lengths worked out here
-// from the block tables. Between a draft's steps nothing but these three calls runs: in a Python loop, each
-// step's input building, embedding and dispatch cost about as much as a small draft's layers
-// (a 20M draft on a 2-core Xeon: ~0.25 ms of a 0.9 ms forward, its Python's data evicted by the
-// weights' stream every step).
+// from the block tables. Between a draft's steps nothing but these three calls runs: in a
+// Python loop, each step's input building, embedding and dispatch cost about as much as a
+// small draft's layers (a 20M draft on a 2-core Xeon: ~0.25 ms of a 0.9 ms forward, its
+// Python's data evicted by the weights' stream every step).
 #include <algorithm>
 #include <vector>
 

@@ -49,11 +49,11 @@ class RunnerOutput:
     failed: dict[int, str] = field(default_factory=dict)
 
 
-
 def padded_block_tables(seqs: list) -> list[list[int]]:
     """Each sequence's block ids, padded with block 0 to the longest (rows of block_tables)."""
     width = max(len(s.block_ids) for s in seqs)
     return [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]
+
 
 class ModelRunner:
 
