@@ -86,6 +86,15 @@ def parse_settings(text: str) -> list[tuple[str, dict]]:
     return settings
 
 
+def restore_environ(saved: dict) -> None:
+    """Each variable of saved ({VAR: value or None}) back to its value (None: unset)."""
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def mean_context(args) -> int:
     """The timed forwards' mean context: args.context, and the tokens the forwards before them
     drafted (every setting's, args.steps a call) until the middle of the timed ones."""
@@ -136,6 +145,9 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
     with torch.inference_mode():
         for i in range(args.num_forwards * len(settings)):
             which = i % len(settings)
+            # the environment as found, then this setting's variables: a variable that another
+            # setting names and this one does not is put back, not left at the other's value
+            restore_environ(saved)
             os.environ.update(settings[which][1])
             cpu_decode.stage_ms = stage_ms[which]
             clock["which"] = which
@@ -150,11 +162,7 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
     cpu_decode.stage_ms = None
     del draft.runner.prepare_inputs
     ops.linear_argmax = linear_argmax
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    restore_environ(saved)
     for req in reqs:
         draft.free(req.req_id)
     return times

@@ -160,7 +160,8 @@ def test_benchmark_draft_settings_in_turns(tmp_path, tiny_llama):
 
 def test_time_forwards_alternates_settings(monkeypatch):
     """time_forwards runs forward i under settings[i % n], each forward's stages on its
-    setting's clock, and leaves the environment as it found it."""
+    setting's clock, a variable named by one setting alone unset again for the others', and
+    leaves the environment as it found it."""
     import types
     from benchmarks import benchmark_draft as bd
     seen = []
@@ -184,7 +185,8 @@ def test_time_forwards_alternates_settings(monkeypatch):
 
         def _draft(self, reqs, ks):
             assert ks == [2, 2]  # args.steps forwards a call
-            seen.append((os.environ.get("X_SETTING"), bd.cpu_decode.stage_ms))
+            seen.append((os.environ.get("X_SETTING"), os.environ.get("Y_SETTING"),
+                         bd.cpu_decode.stage_ms))
             self.runner.prepare_inputs()
             bd.ops.linear_argmax()
 
@@ -196,14 +198,16 @@ def test_time_forwards_alternates_settings(monkeypatch):
             time.sleep(0.005)
     monkeypatch.setattr(bd.ops, "linear_argmax", lm_head)
     monkeypatch.setenv("X_SETTING", "before")
+    monkeypatch.delenv("Y_SETTING", raising=False)
+    # Y_SETTING named by the first setting only: unset again for the second's forwards
     args = types.SimpleNamespace(context=4, num_forwards=3, warmup=1, steps=2,
-                                 settings="X_SETTING=a;X_SETTING=b")
+                                 settings="X_SETTING=a,Y_SETTING=y;X_SETTING=b")
     clocks = (torch.ones(2), torch.ones(2))
     outside = ({}, {})
     draft = Draft()
     times = bd.time_forwards(draft, args, 2, bd.parse_settings(args.settings), clocks, outside)
-    assert [(x, next(i for i, c in enumerate(clocks) if c is clock)) for x, clock in seen] == [
-        ("a", 0), ("b", 1)] * 3
+    assert [(x, y, next(i for i, c in enumerate(clocks) if c is clock))
+            for x, y, clock in seen] == [("a", "y", 0), ("b", None, 1)] * 3
     assert all(not c.any() for c in clocks)  # zeroed after the warm-up forwards
     # the LM head's time lands in its setting's dict, the warm-up forward's left out (2 x 5 ms
     # counted, not 3), and the timing wrappers are gone afterwards
@@ -212,7 +216,8 @@ def test_time_forwards_alternates_settings(monkeypatch):
     assert bd.ops.linear_argmax is lm_head and "prepare_inputs" not in vars(draft.runner)
     assert [len(t) for t in times] == [3, 3]
     assert all(2.5 <= t < 5 for t in times[1])  # a forward's time: the call's over steps
-    assert os.environ["X_SETTING"] == "before" and bd.cpu_decode.stage_ms is None
+    assert os.environ["X_SETTING"] == "before" and "Y_SETTING" not in os.environ
+    assert bd.cpu_decode.stage_ms is None
 
 
 def test_profile_prefill(tmp_path, tiny_llama):
