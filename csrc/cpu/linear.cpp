@@ -393,13 +393,19 @@ void linear_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_
 #endif
 
 // Whether linear_small_impl beats torch's GEMM at `rows` input rows of `dtype`: up to
-// kGemvMaxRows (8) rows always; bf16 on AVX512_BF16 up to kSmallMaxRows (64, register tiles).
+// kGemvMaxRows (8) rows always; bf16 up to kSmallMaxRows (64) on AVX512_BF16 (register tiles)
+// and in the AVX2 build (the GEMV, a pass per 4 rows over each weight row, against torch's bf16
+// GEMM without AVX512_BF16 at 3.1-4.1x its time: 2-core AVX2 EPYC, SmolLM2's and draft-20m's
+// matrices at 16-64 rows, benchmarks/RESULTS.md, twenty-sixth session; the AVX-512 build
+// without AVX512_BF16 is not measured and keeps torch's GEMM from 9 rows).
 bool linear_small_pays(at::ScalarType dtype, int64_t rows) {
   if (rows <= kGemvMaxRows) return true;
-#ifdef VLLM_BF16_DOT
-  return dtype == at::kBFloat16 && has_bf16_dot() && rows <= kSmallMaxRows;
+  if (dtype != at::kBFloat16 || rows > kSmallMaxRows) return false;
+#if defined(CPU_CAPABILITY_AVX2)
+  return true;
+#elif defined(VLLM_BF16_DOT)
+  return has_bf16_dot();
 #else
-  (void)dtype;
   return false;
 #endif
 }

@@ -2,7 +2,8 @@
 runs every decoder layer in one vllm._C call (decode_layers), so it costs the weight bytes rather
 than a Python and dispatcher round trip per op. Its matmuls, and the logits', are linear_small's:
 a GEMV (each weight streamed once for all rows) or register tiles where those beat torch's GEMM
-(bf16 on AVX512_BF16 up to MAX_ROWS rows, other dtypes up to 8), that GEMM elsewhere; bf16 on
+(bf16 on AVX512_BF16 or in the AVX2 build up to MAX_ROWS rows, other dtypes up to 8), that
+GEMM elsewhere; bf16 on
 AVX512_BF16 from 2 rows the tiles over a copy of the weights packed at the first such step
 (VLLM_CPU_PACKED_WEIGHTS: the linear weights' bytes again in memory).
 The per-op path (the model's own forward) stays the reference and runs wherever this one does
@@ -13,6 +14,7 @@ import torch
 
 from vllm import _custom_ops as ops
 from vllm import envs
+from vllm.model_executor.layers import linear as layers_linear
 
 # steps of more rows run the per-op path (at 40 and 64 rows, bf16, 2-core Zen 4, paired: this
 # path with the register tiles 1.05-1.15x faster than the per-op path with torch's GEMM)
@@ -69,13 +71,14 @@ def _packed_rows(rows: int, weight: torch.Tensor, owner: Any) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> torch.Tensor:
     """x @ weight^T through linear_small when it applies (from PACKED_MIN_ROWS rows with
-    weight's packed copy, kept on `owner`, when one is given), else F.linear."""
+    weight's packed copy, kept on `owner`, when one is given), else the layers' linear (torch's
+    GEMM; on an AVX2 CPU in bf16 never its bf16 one)."""
     if _weight_applies(x, weight):
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
         ops.linear_packed(out, x.contiguous(), weight, _packed_rows(x.shape[0], weight, owner),
                           None)
         return out
-    return torch.nn.functional.linear(x, weight)
+    return layers_linear.linear(x, weight)
 
 
 def argmax(x: torch.Tensor, weight: torch.Tensor, owner: Any = None) -> Optional[torch.Tensor]:
