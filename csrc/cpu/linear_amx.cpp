@@ -104,17 +104,6 @@ bool amx_prefetch() {
   return false;
 }
 
-// VLLM_CPU_AMX_PANELS (read at every call): the panels a pass of 1-16 input rows reads side by
-// side, 4 (default: an accumulator tile each), 2, or 1 (packed_panel_amx_chains: one address-
-// order stream a thread, its k-steps over four accumulator tiles).
-int amx_panels() {
-  const char* v = std::getenv("VLLM_CPU_AMX_PANELS");
-  if (v == nullptr || std::string(v) == "4") return 4;
-  if (std::string(v) == "2") return 2;
-  TORCH_CHECK(std::string(v) == "1", "VLLM_CPU_AMX_PANELS must be 1, 2 or 4, got '", v, "'");
-  return 1;
-}
-
 // Tiles 0 .. 7 of rows[t] rows of 64 bytes each (0: unused).
 VLLM_AMX_TARGET void load_tile_config(const uint8_t (&rows)[8]) {
   TileConfig cfg;
@@ -300,60 +289,6 @@ VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t
   if constexpr (NB > 3) _tile_stored(3, c + 768, 64);
 }
 
-// packed_panels_amx for one panel (pb) as one stream: k-step s into accumulator tile s % 4 (A
-// tiles 4 and 6, B tiles 5 and 7 by turns), so that four multiplies are in flight where one
-// accumulator would chain them; the four tiles' sums added into c's first 16 m_dim floats.
-VLLM_AMX_TARGET void packed_panel_amx_chains(float* c, const c10::BFloat16* x, int64_t ldx,
-                                             const c10::BFloat16* packed, int64_t pairs,
-                                             int64_t steps, int64_t pb, bool prefetch,
-                                             int64_t next_end, int64_t m_dim) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  const int64_t panel = pairs * 2 * kPackRows;  // elements per panel
-  const c10::BFloat16* b0 = packed + pb * panel;
-  const int64_t ldb = ldx * 2;
-  int64_t s = 0;
-  for (; s + 4 <= steps; s += 4) {
-    if (prefetch) {
-      for (int64_t j = 0; j < 4; ++j) prefetch_streams<1>(packed, panel, steps, pb, next_end, s + j);
-    }
-    const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
-    const c10::BFloat16* xs = x + s * kTileK;
-    _tile_loadd(4, xs, ldb);
-    _tile_loadd(5, b, 64);
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_loadd(6, xs + kTileK, ldb);
-    _tile_loadd(7, b + kTileK * kPackRows, 64);
-    _tile_dpbf16ps(1, 6, 7);
-    _tile_loadd(4, xs + 2 * kTileK, ldb);
-    _tile_loadd(5, b + 2 * kTileK * kPackRows, 64);
-    _tile_dpbf16ps(2, 4, 5);
-    _tile_loadd(6, xs + 3 * kTileK, ldb);
-    _tile_loadd(7, b + 3 * kTileK * kPackRows, 64);
-    _tile_dpbf16ps(3, 6, 7);
-  }
-  for (int64_t j = 0; s < steps; ++s, ++j) {  // 1-3 k-steps left: accumulators 0 .. j
-    if (prefetch) prefetch_streams<1>(packed, panel, steps, pb, next_end, s);
-    _tile_loadd(4, x + s * kTileK, ldb);
-    _tile_loadd(5, b0 + s * kTileK * kPackRows, 64);
-    if (j == 0) _tile_dpbf16ps(0, 4, 5);
-    if (j == 1) _tile_dpbf16ps(1, 4, 5);
-    if (j == 2) _tile_dpbf16ps(2, 4, 5);
-  }
-  _tile_stored(0, c, 64);
-  _tile_stored(1, c + 256, 64);
-  _tile_stored(2, c + 512, 64);
-  _tile_stored(3, c + 768, 64);
-  for (int64_t i = 0; i < 16 * m_dim; i += 16) {
-    const __m512 sum = _mm512_add_ps(
-        _mm512_add_ps(_mm512_loadu_ps(c + i), _mm512_loadu_ps(c + 256 + i)),
-        _mm512_add_ps(_mm512_loadu_ps(c + 512 + i), _mm512_loadu_ps(c + 768 + i)));
-    _mm512_storeu_ps(c + i, sum);
-  }
-}
-
 // packed_panels_amx for 17-32 input rows in one pass over the panels: rows 0-15 and 16.. are
 // two A tiles (4, 5), panels pb and pb + 1 (NB of them) two B tiles (6, 7), each loaded once a
 // k-step for both row groups. C tile NB g + t (rows of group g, panel t) is stored to
@@ -470,7 +405,7 @@ class AmxPanels final : public PanelKernel {
  public:
   AmxPanels(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* packed,
             const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim)
-      : PanelKernel(m_dim <= kMaxRows ? amx_panels() : m_dim <= kMaxPackedRows ? 2 : 1),
+      : PanelKernel(m_dim <= kMaxRows ? kPackedPanels : m_dim <= kMaxPackedRows ? 2 : 1),
         out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim), n_(n_dim),
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),
@@ -479,11 +414,7 @@ class AmxPanels final : public PanelKernel {
   void begin() const override {
     if (m_ <= kMaxRows) {
       const auto m = static_cast<uint8_t>(m_);
-      if (most == 1) {  // packed_panel_amx_chains: A tiles 4 and 6
-        load_tile_config({m, m, m, m, m, 16, m, 16});
-      } else {
-        load_tile_config({m, m, m, m, m, 16, 16, 16});
-      }
+      load_tile_config({m, m, m, m, m, 16, 16, 16});
     } else if (m_ <= kMaxPackedRows) {
       const auto m1 = static_cast<uint8_t>(m_ - kMaxRows);
       load_tile_config({16, 16, m1, m1, 16, m1, 16, 16});
@@ -500,10 +431,7 @@ class AmxPanels final : public PanelKernel {
   void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
            int64_t next_end) const override {
     alignas(64) float c[4 * 256];
-    if (m_ <= kMaxRows && most == 1) {
-      packed_panel_amx_chains(c, x, ldx, packed_, pairs_, steps_, pb, prefetch_, next_end, m_);
-      write_panels(out_, ldo_, c, bias_, m_, n_, pb, 1);
-    } else if (m_ <= kMaxRows) {
+    if (m_ <= kMaxRows) {
       for_rows_left<kPackedPanels>(nb, [&](auto panels_now) {
         packed_panels_amx<decltype(panels_now)::value>(c, x, ldx, packed_, pairs_, steps_, pb,
                                                        prefetch_, next_end);
