@@ -20,13 +20,13 @@ OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"
             "reshape_and_cache", "rotary_embedding_and_cache", "copy_blocks", "paged_attention")
 
 
-@functools.lru_cache(maxsize=None)
 def cpu_isa() -> Optional[str]:
     """The vector ISA vllm._C's CPU kernels were built for ('avx512', 'avx2', 'scalar'), or None
     where it is not built."""
     return getattr(_C, "cpu_isa", None) if _C is not None else None
 
 
+@functools.lru_cache(maxsize=None)
 def has_kernel(op_name: str, device_type: str) -> bool:
     """True when vllm._C registered a kernel for `op_name` on `device_type` ('cpu', 'cuda')."""
     key = _DISPATCH_KEYS.get(device_type)

@@ -2,10 +2,9 @@
 runs every decoder layer in one vllm._C call (decode_layers), so it costs the weight bytes rather
 than a Python and dispatcher round trip per op. Its matmuls, and the logits', are linear_small's:
 a GEMV (each weight streamed once for all rows) or register tiles where those beat torch's GEMM
-(bf16 on AVX512_BF16 or in the AVX2 build up to MAX_ROWS rows, other dtypes up to 8), that
-GEMM elsewhere; bf16 on
-AVX512_BF16 from 2 rows the tiles over a copy of the weights packed at the first such step
-(VLLM_CPU_PACKED_WEIGHTS: the linear weights' bytes again in memory).
+(bf16 on AVX512_BF16 or in the AVX2 build up to MAX_ROWS rows, other dtypes up to 8), that GEMM
+elsewhere; bf16 on AVX512_BF16 from 2 rows the tiles over a copy of the weights packed at the
+first such step (VLLM_CPU_PACKED_WEIGHTS: the linear weights' bytes again in memory).
 The per-op path (the model's own forward) stays the reference and runs wherever this one does
 not apply: other devices, more rows, other dtypes, biases beyond Qwen2's q/k/v, partial rotary."""
 from typing import Any, Optional
