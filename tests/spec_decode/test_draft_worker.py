@@ -22,6 +22,32 @@ def make_proposer(target, draft, k=4):
     return DraftModelProposer(config, get_tokenizer(config.model_config))
 
 
+@pytest.mark.parametrize("target_len,draft_len,draft_positions,expected", [
+    (64, None, 512, 64),     # the target's limit, not the draft's own 512
+    (512, None, 128, 128),   # a draft of shorter context: its own
+    (64, 20, 512, 20),       # speculative_max_model_len given: as given
+])
+def test_draft_kv_cache_is_sized_by_what_sequences_can_reach(
+        spec_target, tmp_path, target_len, draft_len, draft_positions, expected):
+    """The draft's max_model_len is the least of the target's and its own (or
+    speculative_max_model_len), and its KV cache holds max_num_seqs sequences of that length:
+    no more blocks, so a long-context draft beside a short-context target takes no more memory."""
+    draft = tmp_path / "draft"
+    shutil.copytree(spec_target, draft)
+    config = json.loads((draft / "config.json").read_text())
+    config["max_position_embeddings"] = draft_positions
+    (draft / "config.json").write_text(json.dumps(config))
+    args = EngineArgs(model=spec_target, dtype="float32", device="cpu", max_model_len=target_len,
+                      max_num_seqs=3, speculative_model=str(draft), speculative_adaptive="off",
+                      num_speculative_tokens=2, cpu_draft_worker=True,
+                      speculative_draft_dtype="float32", speculative_max_model_len=draft_len)
+    config = resolve_config(args.create_engine_config())
+    worker = DraftModelProposer(config, get_tokenizer(config.model_config))
+    assert worker.max_model_len == expected
+    block = config.cache_config.block_size
+    assert worker.block_manager.num_blocks == 3 * -(-expected // block)
+
+
 def request(token_ids, out_ids=()):
     req = Request("r", None, token_ids, SamplingParams(temperature=0.0), None)
     req.output_token_ids = list(out_ids)
