@@ -31,6 +31,22 @@ def test_cpu_bf16_linear_matches_f_linear(shape, bias):
     assert_close("cpu bf16 linear", out.float(), ref, torch.bfloat16)
 
 
+def test_the_fp32_path_converts_the_weight_a_slice_at_a_time(monkeypatch):
+    """Above 64 rows the weight goes to fp32 in slices of rows (an LM head whole would be ~1
+    GB): several slices, a ragged last one and a bias, the reference's values."""
+    torch.manual_seed(1)
+    x = torch.randn(100, 96, dtype=torch.bfloat16)
+    w = torch.randn(70, 96, dtype=torch.bfloat16) / 10
+    b = torch.randn(70, dtype=torch.bfloat16)
+    whole = linear_layers.cpu_bf16_linear(x, w, b)
+    monkeypatch.setattr(linear_layers, "CPU_FP32_SLICE_ELEMS", 96 * 16)  # 16 rows a slice
+    sliced = linear_layers.cpu_bf16_linear(x, w, b)
+    assert_close("cpu bf16 linear slices vs whole", sliced.float(), whole.float(),
+                 torch.bfloat16)
+    assert_close("cpu bf16 linear sliced", sliced.float(),
+                 F.linear(x.float(), w.float(), b.float()), torch.bfloat16)
+
+
 @pytest.mark.parametrize("avx2", [True, False])
 def test_layers_route_cpu_bf16_by_build(avx2, monkeypatch):
     """With the AVX2 build a bf16 CPU call (8 rows: linear_small; 100 rows: the fp32 GEMM) never

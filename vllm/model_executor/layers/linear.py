@@ -26,6 +26,7 @@ GEMV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # GEMM on fp32 copies: 2-core AVX2 EPYC, Qwen2.5-0.5B's gate/up at 160 rows 37 ms against 42 ms
 # for linear_small 64 rows at a time and 151 ms for torch's bf16 GEMM)
 CPU_SMALL_MAX_ROWS = 64
+CPU_FP32_SLICE_ELEMS = 1 << 24  # weight elements converted to fp32 at a time above it
 
 
 def cuda_gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -63,8 +64,16 @@ def cpu_bf16_linear(x: torch.Tensor, weight: torch.Tensor,
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
         ops.linear_small(out, x.contiguous(), weight, None if bias is None else bias.contiguous())
         return out
-    return F.linear(x.float(), weight.float(),
-                    None if bias is None else bias.float()).to(torch.bfloat16)
+    # the weight's fp32 copy a slice of rows at a time, at most CPU_FP32_SLICE_ELEMS (64 MB; an
+    # LM head whole would be ~1 GB)
+    xf = x.float()
+    out = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.bfloat16)
+    rows = max(1, CPU_FP32_SLICE_ELEMS // max(1, weight.shape[1]))
+    for n0 in range(0, weight.shape[0], rows):
+        n1 = min(weight.shape[0], n0 + rows)
+        out[..., n0:n1] = F.linear(xf, weight[n0:n1].float(),
+                                   None if bias is None else bias[n0:n1].float())
+    return out
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
