@@ -72,7 +72,19 @@ def test_layers_route_cpu_bf16_by_build(avx2, monkeypatch):
     assert torch.equal(linear_layers.linear(x, w.float()), F.linear(x, w.float()))
 
 
-def test_the_avx2_build_is_read_from_vllm_c():
-    """_cpu_bf16_gemm_is_slow says what the loaded extension is: True exactly for the AVX2 build."""
+def test_the_loaded_build_decides(monkeypatch):
+    """Without a stand-in for the build check: with vllm._C's AVX2 build a bf16 CPU call never
+    reaches torch's bf16 GEMM, with any other it does (the detection itself, cached once)."""
     linear_layers._cpu_bf16_gemm_is_slow.cache_clear()
-    assert linear_layers._cpu_bf16_gemm_is_slow() == (ops.cpu_isa() == "avx2")
+    bf16_gemms = []
+    f_linear = F.linear
+
+    def spy(x, w, b=None):
+        if x.dtype == torch.bfloat16:
+            bf16_gemms.append(tuple(x.shape))
+        return f_linear(x, w, b)
+    monkeypatch.setattr(linear_layers.F, "linear", spy)
+    with torch.no_grad():
+        linear_layers.linear(torch.randn(8, 32, dtype=torch.bfloat16),
+                             torch.randn(40, 32, dtype=torch.bfloat16))
+    assert bf16_gemms == ([] if ops.cpu_isa() == "avx2" else [(8, 32)])

@@ -26,10 +26,11 @@ def make_proposer(target, draft, k=4):
     (64, None, 512, 64),     # the target's limit, not the draft's own 512
     (512, None, 128, 128),   # a draft of shorter context: its own
     (64, 20, 512, 20),       # speculative_max_model_len given: as given
+    (64, 100, 512, 64),      # ... but never past the target's
 ])
 def test_draft_kv_cache_is_sized_by_what_sequences_can_reach(
         spec_target, tmp_path, target_len, draft_len, draft_positions, expected):
-    """The draft's max_model_len is the least of the target's and its own (or
+    """The draft's max_model_len is the least of the target's and its own (or of
     speculative_max_model_len), and its KV cache holds max_num_seqs sequences of that length:
     no more blocks, so a long-context draft beside a short-context target takes no more memory."""
     draft = tmp_path / "draft"

@@ -70,12 +70,11 @@ def draft_config(target: VllmConfig) -> VllmConfig:
         mc.dtype = spec.speculative_draft_dtype
     config.cache_config.num_gpu_blocks_override = None
     config = resolve_config(config)
-    if spec.speculative_max_model_len is None:
-        # no sequence outgrows the target's limit: the draft's KV cache (max_num_seqs of these)
-        # is sized by it, not by the draft model's own context (Qwen2.5-0.5B's 32768 tokens
-        # beside a 1024-token target held 16384 blocks, 3.2 GB, where 512 serve)
-        config.model_config.max_model_len = min(config.model_config.max_model_len,
-                                                target.model_config.max_model_len)
+    # no sequence outgrows the target's limit: the draft's KV cache (max_num_seqs of these) is
+    # sized by it, not by the draft model's own context (Qwen2.5-0.5B's 32768 tokens beside a
+    # 1024-token target held 16384 blocks, 3.2 GB, where 512 serve)
+    config.model_config.max_model_len = min(config.model_config.max_model_len,
+                                            target.model_config.max_model_len)
     return config
 
 
