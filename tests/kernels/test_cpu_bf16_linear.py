@@ -47,19 +47,26 @@ def test_the_fp32_path_converts_the_weight_a_slice_at_a_time(monkeypatch):
                  F.linear(x.float(), w.float(), b.float()), torch.bfloat16)
 
 
+def spy_bf16_gemms(monkeypatch) -> list:
+    """The input shapes of every bf16 call of torch's F.linear from here on (the list fills as
+    the calls come)."""
+    calls = []
+    f_linear = F.linear
+
+    def spy(x, w, b=None):
+        if x.dtype == torch.bfloat16:
+            calls.append(tuple(x.shape))
+        return f_linear(x, w, b)
+    monkeypatch.setattr(linear_layers.F, "linear", spy)
+    return calls
+
+
 @pytest.mark.parametrize("avx2", [True, False])
 def test_layers_route_cpu_bf16_by_build(avx2, monkeypatch):
     """With the AVX2 build a bf16 CPU call (8 rows: linear_small; 100 rows: the fp32 GEMM) never
     reaches torch's bf16 GEMM; with another build it does, as before; fp32 never changes."""
     monkeypatch.setattr(linear_layers, "_cpu_bf16_gemm_is_slow", lambda: avx2)
-    bf16_gemms = []
-    f_linear = F.linear
-
-    def spy(x, w, b=None):
-        if x.dtype == torch.bfloat16:
-            bf16_gemms.append(tuple(x.shape))
-        return f_linear(x, w, b)
-    monkeypatch.setattr(linear_layers.F, "linear", spy)
+    bf16_gemms = spy_bf16_gemms(monkeypatch)
     w = torch.randn(40, 32, dtype=torch.bfloat16)
     for rows in (8, 100):
         x = torch.randn(rows, 32, dtype=torch.bfloat16)
@@ -76,14 +83,7 @@ def test_the_loaded_build_decides(monkeypatch):
     """Without a stand-in for the build check: with vllm._C's AVX2 build a bf16 CPU call never
     reaches torch's bf16 GEMM, with any other it does (the detection itself, cached once)."""
     linear_layers._cpu_bf16_gemm_is_slow.cache_clear()
-    bf16_gemms = []
-    f_linear = F.linear
-
-    def spy(x, w, b=None):
-        if x.dtype == torch.bfloat16:
-            bf16_gemms.append(tuple(x.shape))
-        return f_linear(x, w, b)
-    monkeypatch.setattr(linear_layers.F, "linear", spy)
+    bf16_gemms = spy_bf16_gemms(monkeypatch)
     with torch.no_grad():
         linear_layers.linear(torch.randn(8, 32, dtype=torch.bfloat16),
                              torch.randn(40, 32, dtype=torch.bfloat16))
