@@ -80,10 +80,6 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                               "ahead, into the thread's next panels at a pass's end (read by "
                               "the kernel at each call): 1 (default), 0 off (SmolLM2-135M's batch-"
                               "8 forward 5.3-5.6% faster on 16-core hosts)"),
-    "VLLM_CPU_AMX_PANELS": (_one_of("1", "4"), "4",
-                            "the packed AMX tiles' panels a pass reads side by side at 1-16 "
-                            "rows (read by the kernel at each call): 4 (default) or 1 (one "
-                            "address-order stream a thread)"),
     "VLLM_CPU_DECODE_SPLIT_ELEMS": (int, 2048,
                                     "elements a thread from which decode_layers splits its "
                                     "norms, silu_and_mul and rotary over the threads (read by "

@@ -104,16 +104,6 @@ bool amx_prefetch() {
   return false;
 }
 
-// VLLM_CPU_AMX_PANELS (read at every call): the packed panels a pass of 1-16 input rows reads
-// side by side, 4 (default: an accumulator tile each) or 1 (one address-order stream a thread,
-// the next panel prefetched as the current one's continuation).
-int64_t amx_panels() {
-  const char* v = std::getenv("VLLM_CPU_AMX_PANELS");
-  if (v == nullptr || std::string(v) == "4") return 4;
-  TORCH_CHECK(std::string(v) == "1", "VLLM_CPU_AMX_PANELS must be 1 or 4, got '", v, "'");
-  return 1;
-}
-
 // Tiles 0 .. 7 of rows[t] rows of 64 bytes each (0: unused).
 VLLM_AMX_TARGET void load_tile_config(const uint8_t (&rows)[8]) {
   TileConfig cfg;
@@ -415,7 +405,7 @@ class AmxPanels final : public PanelKernel {
  public:
   AmxPanels(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* packed,
             const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim)
-      : PanelKernel(m_dim <= kMaxRows ? amx_panels() : m_dim <= kMaxPackedRows ? 2 : 1),
+      : PanelKernel(m_dim <= kMaxRows ? kPackedPanels : m_dim <= kMaxPackedRows ? 2 : 1),
         out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim), n_(n_dim),
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),

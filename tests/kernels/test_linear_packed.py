@@ -125,36 +125,6 @@ def test_amx_prefetch_setting_is_checked(monkeypatch):
                           torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
 
 
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="read by the packed AMX tiles")
-def test_amx_panels_setting_is_checked(monkeypatch):
-    """VLLM_CPU_AMX_PANELS, read by the packed AMX tiles at each call, takes 1 or 4; anything
-    else is an error naming it."""
-    monkeypatch.setenv("VLLM_CPU_AMX_PANELS", "2")
-    w = torch.randn(64, 64, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX_PANELS must be 1 or 4"):
-        ops.linear_packed(torch.empty(8, 64, dtype=torch.bfloat16),
-                          torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
-
-
-@needs_bf16_dot
-@pytest.mark.parametrize("panels", ["4", "1"])
-@pytest.mark.parametrize("m", [8, 11, 16])
-@pytest.mark.parametrize("n,k", [(960, 576), (84, 32), (48, 96), (576, 1536)])
-@pytest.mark.parametrize("threads", [1, 3, 16])
-def test_amx_panels_a_pass(panels, m, n, k, threads, monkeypatch):
-    """The packed AMX tiles reading 4 panels a pass or 1 (VLLM_CPU_AMX_PANELS) give the
-    reference's sums at every thread count, with a bias and strided rows (AMX off or absent:
-    the packed AVX512 tiles)."""
-    monkeypatch.setenv("VLLM_CPU_AMX_PANELS", panels)
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        check_strided_bf16_linear("linear_packed panels", lambda out, x, w, b: ops.linear_packed(
-            out, x, w, ops.pack_linear(w), b), m, n, k)
-    finally:
-        torch.set_num_threads(saved)
-
-
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
 @pytest.mark.parametrize("prefetch", ["1", "0"])
