@@ -51,11 +51,6 @@ class LayerFold final : public LinearFold {
     return normed;
   }
 
-  void prefetch_input() const override {
-    prefetch_rows(x_, rows_, hidden_, hidden_);
-    if (residual_ != nullptr) prefetch_rows(residual_, rows_, hidden_, hidden_);
-  }
-
   bool paired() const override { return act_ != nullptr; }
 
   void output(int64_t n0, int64_t n1) const override {

@@ -58,25 +58,12 @@ class LinearFold {
   }
   // Whether out's columns are two halves (gate, up) that a task computes together.
   virtual bool paired() const { return false; }
-  // Requests into the calling thread's cache what input() will read (prefetch_rows).
-  virtual void prefetch_input() const {}
   // Runs after a task wrote out's columns [n0, n1) (of both halves where paired), on its thread.
   virtual void output(int64_t n0, int64_t n1) const {
     (void)n0;
     (void)n1;
   }
 };
-
-// Requests rows x cols bf16 elements (rows ld elements apart) into the calling thread's L1 cache,
-// all at once: a step's input rows were written by other cores, and a tile kernel reading them a
-// k-step at a time (8 rows' 64 bytes each) waited for each k-step's lines in turn.
-inline void prefetch_rows(const c10::BFloat16* p, int64_t rows, int64_t ld, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const char* row = reinterpret_cast<const char*>(p + r * ld);
-    for (int64_t b = 0; b < cols * 2; b += 64) __builtin_prefetch(row + b, 0, 3);
-    __builtin_prefetch(row + cols * 2 - 1, 0, 3);  // the last line, where rows are unaligned
-  }
-}
 
 // out = input @ weight^T (+ bias) for [rows, in] tensors of contiguous rows: linear_small_impl
 // where it pays, torch's GEMM elsewhere; with `packed` (pack_linear's copy of weight, non-empty)
@@ -131,10 +118,10 @@ class PanelKernel {
   const int64_t most;
 };
 // A packed linear of n_dim outputs and k_dim inputs as one parallel loop over tasks of panels
-// (panels_per_task; at least ~32 KB of weights a thread), each thread's m_dim input rows from
-// fold where given; with a paired fold, task i computes the same panels of both halves of out.
-void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, int64_t m_dim,
-                int64_t n_dim, int64_t k_dim, const LinearFold* fold);
+// (panels_per_task; at least ~32 KB of weights a thread), each thread's input rows from fold
+// where given; with a paired fold, task i computes the same panels of both halves of out.
+void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, int64_t n_dim,
+                int64_t k_dim, const LinearFold* fold);
 
 // out [m, n] (row stride ldo) = x [m, k] (row stride ldx) @ W^T (+ bias) from W's packed copy;
 // false where it did nothing (no AVX512_BF16).

@@ -480,8 +480,7 @@ bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16
       !amx_usable()) {
     return false;
   }
-  run_panels(AmxPanels(out, ldo, packed, bias, m_dim, n_dim, k_dim), x, ldx, m_dim, n_dim, k_dim,
-             fold);
+  run_panels(AmxPanels(out, ldo, packed, bias, m_dim, n_dim, k_dim), x, ldx, n_dim, k_dim, fold);
   return true;
 }
 

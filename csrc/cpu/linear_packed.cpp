@@ -15,9 +15,7 @@
 
 #include <ATen/Parallel.h>
 
-#include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "core/checks.h"
 #include "cpu/team.h"
@@ -166,8 +164,8 @@ bool linear_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x,
                         const c10::BFloat16* packed, const c10::BFloat16* bias, int64_t m_dim,
                         int64_t n_dim, int64_t k_dim, const LinearFold* fold) {
   if (!has_bf16_dot()) return false;
-  run_panels(PackedTiles(out, ldo, packed, bias, m_dim, n_dim, k_dim), x, ldx, m_dim, n_dim,
-             k_dim, fold);
+  run_panels(PackedTiles(out, ldo, packed, bias, m_dim, n_dim, k_dim), x, ldx, n_dim, k_dim,
+             fold);
   return true;
 }
 #else
@@ -178,21 +176,8 @@ bool linear_packed_bf16(c10::BFloat16*, int64_t, const c10::BFloat16*, int64_t,
 }
 #endif
 
-namespace {
-
-// VLLM_CPU_PREFETCH_INPUT (read at every call): 1 (default) requests each thread's input rows
-// into its cache at the start of its share (prefetch_rows), 0 leaves them to the kernels' loads.
-bool input_prefetch() {
-  const char* v = std::getenv("VLLM_CPU_PREFETCH_INPUT");
-  if (v == nullptr || std::string(v) == "1") return true;
-  TORCH_CHECK(std::string(v) == "0", "VLLM_CPU_PREFETCH_INPUT must be 0 or 1, got '", v, "'");
-  return false;
-}
-
-}  // namespace
-
-void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, int64_t m_dim,
-                int64_t n_dim, int64_t k_dim, const LinearFold* fold) {
+void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, int64_t n_dim,
+                int64_t k_dim, const LinearFold* fold) {
   const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
   const bool paired = fold != nullptr && fold->paired();
   TORCH_CHECK(!paired || n_dim % (2 * kPackRows) == 0, "a paired fold takes whole panels in ",
@@ -203,15 +188,12 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
   // contiguous blocks of tasks per thread, at least ~32 KB of weights each
   const int64_t task_bytes = k_dim * 2 * kPackRows * per * (paired ? 2 : 1);
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / task_bytes);
-  const bool prefetch = input_prefetch();
   parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
-    if (prefetch && fold != nullptr) fold->prefetch_input();
     int64_t ld = ldx;
     const c10::BFloat16* rows = fold != nullptr ? fold->input(begin == 0, &ld) : nullptr;
-    if (rows == nullptr) {  // the linear's own input (a fold's rows are the thread's own)
+    if (rows == nullptr) {
       rows = x;
       ld = ldx;
-      if (prefetch) prefetch_rows(x, m_dim, ldx, k_dim);
     }
     const int64_t next_end = std::min(end * per, span);  // this thread's panels' end
     kernel.begin();

@@ -126,29 +126,6 @@ def test_amx_prefetch_setting_is_checked(monkeypatch):
 
 
 @needs_bf16_dot
-def test_input_prefetch_setting_is_checked(monkeypatch):
-    """VLLM_CPU_PREFETCH_INPUT, read by the packed tiles at each call, takes 0 or 1; anything
-    else is an error naming it."""
-    monkeypatch.setenv("VLLM_CPU_PREFETCH_INPUT", "2")
-    w = torch.randn(64, 64, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="VLLM_CPU_PREFETCH_INPUT must be 0 or 1"):
-        ops.linear_packed(torch.empty(8, 64, dtype=torch.bfloat16),
-                          torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
-
-
-@needs_bf16_dot
-@pytest.mark.parametrize("prefetch", ["1", "0"])
-@pytest.mark.parametrize("m", [2, 8, 20])
-@pytest.mark.parametrize("n,k", [(960, 576), (84, 32), (576, 1535)])
-def test_input_prefetch_keeps_the_sums(prefetch, m, n, k, monkeypatch):
-    """With the input rows requested ahead or not (VLLM_CPU_PREFETCH_INPUT), the packed tiles
-    give the reference's sums, strided rows and an odd K included (the last line of a row)."""
-    monkeypatch.setenv("VLLM_CPU_PREFETCH_INPUT", prefetch)
-    check_strided_bf16_linear("linear_packed input prefetch", lambda out, x, w, b:
-                              ops.linear_packed(out, x, w, ops.pack_linear(w), b), m, n, k)
-
-
-@needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
 @pytest.mark.parametrize("prefetch", ["1", "0"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
