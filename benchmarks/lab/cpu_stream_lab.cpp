@@ -225,6 +225,15 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_l1(const Share& s,
   }
 }
 
+// amx4 as the extension calls it once a linear a thread: the tile configuration loaded first,
+// and (release) the tiles released after
+__attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx4_configured(const Share& s, int m,
+                                                                          bool release) {
+  amx_configure(m);
+  amx4(s, 0);
+  if (release) _tile_release();
+}
+
 struct Kernel {
   std::string name;
   int rows;
@@ -283,9 +292,12 @@ int main(int argc, char** argv) {
       ks.push_back({"amx t0:4K", m, true, [](const Share& s) { amx1(s, 2, 4096); }});
     } else {
       ks.push_back({"amx up16K t1:8K", m, true, [](const Share& s) { amx1(s, 1, 8192, 16384); }});
-      ks.push_back({"amx up64K t1:8K", m, true, [](const Share& s) { amx1(s, 1, 8192, 65536); }});
     }
     ks.push_back({"amx4 t1:2K", m, true, [](const Share& s) { amx4(s, 0); }});
+    if (burst > 0) {
+      ks.push_back({"amx4 cfg", m, true, [m](const Share& s) { amx4_configured(s, m, false); }});
+      ks.push_back({"amx4 cfg+rel", m, true, [m](const Share& s) { amx4_configured(s, m, true); }});
+    }
     if (burst == 0) {
       ks.push_back({"amxst", m, true, [](const Share& s) { amx_staged(s, 0); }});
       ks.push_back({"amxl1", m, true, [](const Share& s) { amx_l1(s, 0); }});
