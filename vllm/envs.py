@@ -80,10 +80,6 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                               "ahead, into the thread's next panels at a pass's end (read by "
                               "the kernel at each call): 1 (default), 0 off (SmolLM2-135M's batch-"
                               "8 forward 5.3-5.6% faster on 16-core hosts)"),
-    "VLLM_CPU_AMX_RELEASE": (_one_of("0", "1"), "1",
-                             "the packed AMX tiles release a thread's tiles after its share of "
-                             "each linear (read by the kernel at each call): 1 (default), 0 "
-                             "keep them configured"),
     "VLLM_CPU_DECODE_SPLIT_ELEMS": (int, 2048,
                                     "elements a thread from which decode_layers splits its "
                                     "norms, silu_and_mul and rotary over the threads (read by "

@@ -104,16 +104,6 @@ bool amx_prefetch() {
   return false;
 }
 
-// VLLM_CPU_AMX_RELEASE (read at every call): 1 (default) releases a thread's tiles at the end of
-// its share of a packed linear, 0 leaves them configured (the next call loads its configuration
-// all the same).
-bool amx_release() {
-  const char* v = std::getenv("VLLM_CPU_AMX_RELEASE");
-  if (v == nullptr || std::string(v) == "1") return true;
-  TORCH_CHECK(std::string(v) == "0", "VLLM_CPU_AMX_RELEASE must be 0 or 1, got '", v, "'");
-  return false;
-}
-
 // Tiles 0 .. 7 of rows[t] rows of 64 bytes each (0: unused).
 VLLM_AMX_TARGET void load_tile_config(const uint8_t (&rows)[8]) {
   TileConfig cfg;
@@ -419,7 +409,7 @@ class AmxPanels final : public PanelKernel {
         out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim), n_(n_dim),
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),
-        prefetch_(amx_prefetch()), release_(amx_release()) {}
+        prefetch_(amx_prefetch()) {}
 
   void begin() const override {
     if (m_ <= kMaxRows) {
@@ -469,9 +459,7 @@ class AmxPanels final : public PanelKernel {
     }
   }
 
-  void end() const override {
-    if (release_) release_tiles();
-  }
+  void end() const override { release_tiles(); }
 
  private:
   c10::BFloat16* out_;
@@ -479,7 +467,7 @@ class AmxPanels final : public PanelKernel {
   const c10::BFloat16 *packed_, *bias_;
   int64_t m_, n_, pairs_, steps_;
   int groups_;
-  bool prefetch_, release_;
+  bool prefetch_;
 };
 
 }  // namespace

@@ -125,32 +125,6 @@ def test_amx_prefetch_setting_is_checked(monkeypatch):
                           torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
 
 
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="read by the packed AMX tiles")
-def test_amx_release_setting_is_checked(monkeypatch):
-    """VLLM_CPU_AMX_RELEASE, read by the packed AMX tiles at each call, takes 0 or 1."""
-    monkeypatch.setenv("VLLM_CPU_AMX_RELEASE", "2")
-    w = torch.randn(64, 64, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX_RELEASE must be 0 or 1"):
-        ops.linear_packed(torch.empty(8, 64, dtype=torch.bfloat16),
-                          torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
-
-
-@needs_bf16_dot
-@pytest.mark.parametrize("release", ["1", "0"])
-@pytest.mark.parametrize("m", [8, 20, 40])
-def test_amx_tiles_kept_configured_between_calls(release, m, monkeypatch):
-    """With the tiles kept configured between calls (VLLM_CPU_AMX_RELEASE=0), calls of
-    different row counts in turn (each its own tile configuration) and a torch bf16 GEMM
-    between them (oneDNN may configure the tiles its own way) still give the reference's sums."""
-    monkeypatch.setenv("VLLM_CPU_AMX_RELEASE", release)
-    for rows in (m, 8, m):
-        check_strided_bf16_linear("linear_packed tiles kept", lambda out, x, w, b:
-                                  ops.linear_packed(out, x, w, ops.pack_linear(w), b),
-                                  rows, 96, 64)
-        a = torch.randn(64, 64, dtype=torch.bfloat16)
-        assert_close("bf16 mm between", (a @ a).float(), a.float() @ a.float(), torch.bfloat16)
-
-
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
 @pytest.mark.parametrize("prefetch", ["1", "0"])
