@@ -624,3 +624,20 @@ def test_requests_that_differ_each_get_their_own_model():
     ctrl = GoodputController(max_k=8, draft_ahead_overlaps=True)
     rate, chosen = simulate_ahead(ctrl, 2000, seed=5, requests=kinds)
     assert rate >= 0.9 * rows[best], (rate, best, rows[best])
+
+
+def test_the_log_says_which_costs_are_not_yet_measured():
+    """The controller's log line names a cost it has not yet measured (no curve bucket with two
+    measurements) instead of printing 0.00 ms, which read as a free draft; once measured, its
+    milliseconds; the /metrics gauges keep a number (0) either way."""
+    ctrl = GoodputController(max_k=4)
+    ctrl.t_draft.record(1, 2e-3)  # one measurement: provisional
+    text = ctrl.describe()
+    assert "draft forward unmeasured" in text and "plain step unmeasured" in text
+    assert ctrl.as_dict()["controller_draft_forward_ms"] == 0.0
+    record_twice(ctrl.t_draft, 1, 2e-3)
+    record_twice(ctrl.t_verify, 1, 9e-3)
+    text = ctrl.describe()
+    assert "draft forward 2.00 ms" in text and "plain step 9.00 ms" in text
+    assert "proposal fixed unmeasured" in text
+    assert ctrl.as_dict()["controller_draft_forward_ms"] == pytest.approx(2.0)

@@ -603,8 +603,23 @@ class GoodputController:
         self.request_runs.pop(req_id, None)
         self._changes += 1
 
+    def describe(self) -> str:
+        """The estimates behind the last decision in words, for the log: a cost not yet
+        measured (no bucket of its curve holds two measurements: CostCurve) says so, where
+        as_dict's gauges read 0."""
+        def ms(curve: CostCurve) -> str:
+            seconds = curve.estimate(1)
+            return "unmeasured" if seconds is None else f"{1e3 * seconds:.2f} ms"
+
+        last = self.last
+        return (f"k {last.k}, acceptance estimate {self.acceptance():.3f}, modelled speedup "
+                f"{last.modelled_speedup or 1.0:.2f}x, draft ahead {int(last.draft_ahead)}, "
+                f"probes {self.num_probes}, draft forward {ms(self.t_draft)}, proposal fixed "
+                f"{ms(self.t_first)}, plain step {ms(self.t_verify)}, k chosen "
+                f"{self.k_histogram}")
+
     def as_dict(self) -> dict:
-        """The estimates behind the last decision (for /metrics and the log)."""
+        """The estimates behind the last decision (for /metrics; 0 where not yet measured)."""
         last = self.last
         draft = self.t_draft.estimate(1)
         first = self.t_first.estimate(1)

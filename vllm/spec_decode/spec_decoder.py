@@ -447,14 +447,7 @@ class SpecDecoder:
                     m.num_draft_tokens, m.num_accepted_tokens, m.num_emitted_tokens,
                     m.draft_time_s, m.verify_time_s)
         if self.controller is not None:
-            c = self.controller.as_dict()
-            logger.info("goodput controller: k %d, acceptance estimate %.3f, modelled speedup "
-                        "%.2fx, draft ahead %d, probes %d, draft forward %.2f ms, proposal "
-                        "fixed %.2f ms, plain step %.2f ms, k chosen %s", c["controller_k"],
-                        c["controller_acceptance"], c["controller_modelled_speedup"],
-                        c["controller_draft_ahead"], c["controller_num_probes"],
-                        c["controller_draft_forward_ms"], c["controller_proposal_fixed_ms"],
-                        c["controller_plain_step_ms"], self.controller.k_histogram)
+            logger.info("goodput controller: %s", self.controller.describe())
 
 
 def _decoding(running: list[Request]) -> list[Request]:
