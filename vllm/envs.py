@@ -80,11 +80,6 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                               "ahead, into the thread's next panels at a pass's end (read by "
                               "the kernel at each call): 1 (default), 0 off (SmolLM2-135M's batch-"
                               "8 forward 5.3-5.6% faster on 16-core hosts)"),
-    "VLLM_CPU_SPLIT_K": (_one_of("0", "1"), "1",
-                         "the packed AMX tiles cut each panel's k-steps into 2 or 4 parts where "
-                         "whole panels would leave the threads uneven (SmolLM2-135M's o and down "
-                         "projections at 16 threads; read by the kernel at each call): 1 "
-                         "(default), 0 whole panels"),
     "VLLM_CPU_DECODE_SPLIT_ELEMS": (int, 2048,
                                     "elements a thread from which decode_layers splits its "
                                     "norms, silu_and_mul and rotary over the threads (read by "

@@ -115,28 +115,8 @@ class PanelKernel {
   virtual void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
                    int64_t next_end) const = 0;
   virtual void end() const {}
-  // Parts of a panel's k-steps (run_panels' split, where the panels are few for the threads):
-  // the k-steps of 32 columns a panel has, 0 where the kernel does not split; run_part writes
-  // panel pb's fp32 sums over k-steps [s0, s1) to part (its rows 16 floats apart); write_sum
-  // writes panel pb's columns of out from the sums of its q parts (256 floats apart), added in
-  // their order (+ bias).
-  virtual int64_t k_steps() const { return 0; }
-  virtual void run_part(int64_t pb, int64_t s0, int64_t s1, const c10::BFloat16* x, int64_t ldx,
-                        float* part, int64_t next_end) const {
-    (void)pb, (void)s0, (void)s1, (void)x, (void)ldx, (void)part, (void)next_end;
-  }
-  virtual void write_sum(int64_t pb, const float* parts, int q) const {
-    (void)pb, (void)parts, (void)q;
-  }
   const int64_t most;
 };
-// Into how many parts run_panels cuts each panel's k-steps for `panels` panels (all of out's,
-// both halves where paired) of `steps` k-steps over `threads` threads: 1 (whole panels) unless
-// 2 or 4 parts of at least 4 k-steps each leave the busiest thread at most 85% of the panels'
-// worth that whole panels would (SmolLM2-135M's o and down projections, 36 panels over 16
-// threads: the busiest thread 3 panels, the mean 2.25; in quarters 9 parts a thread). A function
-// of the panels alone, not of a fold, so the folded and unfolded steps sum alike.
-int64_t split_parts(int64_t panels, int64_t steps, int64_t threads);
 // A packed linear of n_dim outputs and k_dim inputs as one parallel loop over tasks of panels
 // (panels_per_task; at least ~32 KB of weights a thread), each thread's input rows from fold
 // where given; with a paired fold, task i computes the same panels of both halves of out.

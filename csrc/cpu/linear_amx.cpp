@@ -252,12 +252,11 @@ inline void prefetch_streams(const c10::BFloat16* packed, int64_t panel, int64_t
 // operand (its 16 column pairs x 16 weight rows are the 1 KB at panel + 512 s: the tile layout
 // itself). C tile t = out[m][16 (pb + t) + n], m_dim rows x 16 fp32, stored to c + 256 t.
 // prefetch (VLLM_CPU_AMX_PREFETCH): each k-step prefetch_streams.
-// k-steps [s0, s1) only, where given (a part of the panels' sums: run_panels' split).
 template <int NB>
 VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t ldx,
                                        const c10::BFloat16* packed, int64_t pairs,
                                        int64_t steps, int64_t pb, bool prefetch,
-                                       int64_t next_end, int64_t s0 = 0, int64_t s1 = -1) {
+                                       int64_t next_end) {
   static_assert(NB >= 1 && NB <= kPackedPanels, "4 accumulator tiles");
   _tile_zero(0);
   if constexpr (NB > 1) _tile_zero(1);
@@ -265,8 +264,7 @@ VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t
   if constexpr (NB > 3) _tile_zero(3);
   const c10::BFloat16* b0 = packed + pb * pairs * 2 * kPackRows;
   const int64_t panel = pairs * 2 * kPackRows;  // elements per panel
-  const int64_t s_end = s1 < 0 ? steps : s1;
-  for (int64_t s = s0; s < s_end; ++s) {
+  for (int64_t s = 0; s < steps; ++s) {
     if (prefetch) prefetch_streams<NB>(packed, panel, steps, pb, next_end, s);
     _tile_loadd(4, x + s * kTileK, ldx * 2);
     const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
@@ -399,16 +397,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void write_panel
   }
 }
 
-// c[16 m + n] = the sum of parts[256 i + 16 m + n] over the q parts in order, rows m < m_dim.
-__attribute__((target("avx512f"))) void add_parts(float* c, const float* parts, int q,
-                                                  int64_t m_dim) {
-  for (int64_t i = 0; i < 16 * m_dim; i += 16) {
-    __m512 v = _mm512_loadu_ps(parts + i);
-    for (int j = 1; j < q; ++j) v = _mm512_add_ps(v, _mm512_loadu_ps(parts + 256 * j + i));
-    _mm512_storeu_ps(c + i, v);
-  }
-}
-
 // The packed copy on AMX tiles as a PanelKernel, for m_dim input rows: to 16, 4 panels a task
 // (an accumulator tile each, packed_panels_amx); 17-32, two row groups against 2 panels
 // (packed_panels_amx2); 33-64 (a batch of 8 verifying 4 drafts each: 40), 3-4 row groups
@@ -472,20 +460,6 @@ class AmxPanels final : public PanelKernel {
   }
 
   void end() const override { release_tiles(); }
-
-  // parts of a panel's k-steps (run_panels' split) for up to 16 rows, one panel a pass
-  int64_t k_steps() const override { return m_ <= kMaxRows ? steps_ : 0; }
-
-  void run_part(int64_t pb, int64_t s0, int64_t s1, const c10::BFloat16* x, int64_t ldx,
-                float* part, int64_t next_end) const override {
-    packed_panels_amx<1>(part, x, ldx, packed_, pairs_, steps_, pb, prefetch_, next_end, s0, s1);
-  }
-
-  void write_sum(int64_t pb, const float* parts, int q) const override {
-    alignas(64) float c[256];
-    add_parts(c, parts, q, m_);
-    write_panels(out_, ldo_, c, bias_, m_, n_, pb, 1);
-  }
 
  private:
   c10::BFloat16* out_;

@@ -15,31 +15,13 @@
 
 #include <ATen/Parallel.h>
 
-#include <atomic>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <string>
-#include <vector>
 
 #include "core/checks.h"
 #include "cpu/team.h"
 #include "ops.h"
 
 namespace vllm_cpu {
-
-namespace {
-
-// VLLM_CPU_SPLIT_K (read at every call): 1 (default) lets run_panels cut few panels' k-steps
-// into parts (split_parts), 0 keeps whole panels.
-bool split_k_enabled() {
-  const char* v = std::getenv("VLLM_CPU_SPLIT_K");
-  if (v == nullptr || std::string(v) == "1") return true;
-  TORCH_CHECK(std::string(v) == "0", "VLLM_CPU_SPLIT_K must be 0 or 1, got '", v, "'");
-  return false;
-}
-
-}  // namespace
 
 at::Tensor pack_linear(const at::Tensor& weight) {
   TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2,
@@ -194,65 +176,6 @@ bool linear_packed_bf16(c10::BFloat16*, int64_t, const c10::BFloat16*, int64_t,
 }
 #endif
 
-int64_t split_parts(int64_t panels, int64_t steps, int64_t threads) {
-  if (!split_k_enabled()) return 1;
-  const auto busiest = [&](int64_t q) {  // panels' worth on the busiest thread, in q parts
-    return static_cast<double>((panels * q + threads - 1) / threads) / static_cast<double>(q);
-  };
-  int64_t best = 1;
-  for (const int64_t q : {2, 4}) {
-    if (steps >= 4 * q && busiest(q) < busiest(best)) best = q;
-  }
-  return busiest(best) <= 0.85 * busiest(1) ? best : 1;
-}
-
-namespace {
-
-// run_panels with each panel's k-steps cut into q parts: task t is part t % q of panel t / q
-// (of both halves where paired), its fp32 sums into sums; the thread that finishes a panel's
-// last part adds the parts, writes the panel's columns and runs the fold's output on them.
-void run_panel_parts(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx,
-                     int64_t n_dim, int64_t k_dim, const LinearFold* fold, int64_t span,
-                     bool paired, int64_t q) {
-  const int64_t steps = kernel.k_steps();
-  thread_local std::vector<float> sums;  // [panel][part][16 rows x 16]
-  sums.resize(static_cast<size_t>((paired ? 2 : 1) * span * q * 256));
-  float* s = sums.data();
-  std::unique_ptr<std::atomic<int64_t>[]> done(new std::atomic<int64_t>[span]);
-  for (int64_t p = 0; p < span; ++p) done[p].store(0, std::memory_order_relaxed);
-  const int64_t tasks = span * q;
-  const int64_t task_bytes = k_dim * 2 * kPackRows * (paired ? 2 : 1) / q;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / task_bytes);
-  parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
-    int64_t ld = ldx;
-    const c10::BFloat16* rows = fold != nullptr ? fold->input(begin == 0, &ld) : nullptr;
-    if (rows == nullptr) {
-      rows = x;
-      ld = ldx;
-    }
-    const int64_t next_end = (end - 1) / q + 1;  // past this thread's last panel
-    kernel.begin();
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t pb = t / q, i = t % q;
-      const int64_t s0 = steps * i / q, s1 = steps * (i + 1) / q;
-      kernel.run_part(pb, s0, s1, rows, ld, s + 256 * t, next_end);
-      if (paired) {
-        kernel.run_part(span + pb, s0, s1, rows, ld, s + 256 * (tasks + t), span + next_end);
-      }
-      if (done[pb].fetch_add(1, std::memory_order_acq_rel) == q - 1) {  // the panel's last part
-        kernel.write_sum(pb, s + 256 * pb * q, static_cast<int>(q));
-        if (paired) kernel.write_sum(span + pb, s + 256 * (tasks + pb * q), static_cast<int>(q));
-        if (fold != nullptr) {
-          fold->output(pb * kPackRows, std::min((pb + 1) * kPackRows, paired ? n_dim / 2 : n_dim));
-        }
-      }
-    }
-    kernel.end();
-  });
-}
-
-}  // namespace
-
 void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, int64_t n_dim,
                 int64_t k_dim, const LinearFold* fold) {
   const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
@@ -260,15 +183,7 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
   TORCH_CHECK(!paired || n_dim % (2 * kPackRows) == 0, "a paired fold takes whole panels in ",
               "each half of the output, got ", n_dim, " columns");
   const int64_t span = paired ? panels / 2 : panels;  // the panels tasks are cut from
-  const int64_t threads = at::get_num_threads();
-  // the threads the loops below can use: at least ~32 KB of weights each (their grain)
-  const int64_t usable = std::min(threads, std::max<int64_t>(1, panels * k_dim * 2 * kPackRows >> 15));
-  const int64_t q = kernel.k_steps() > 0 ? split_parts(panels, kernel.k_steps(), usable) : 1;
-  if (q > 1) {
-    run_panel_parts(kernel, x, ldx, n_dim, k_dim, fold, span, paired, q);
-    return;
-  }
-  const int64_t per = panels_per_task(span, kernel.most, threads);
+  const int64_t per = panels_per_task(span, kernel.most, at::get_num_threads());
   const int64_t tasks = (span + per - 1) / per;
   // contiguous blocks of tasks per thread, at least ~32 KB of weights each
   const int64_t task_bytes = k_dim * 2 * kPackRows * per * (paired ? 2 : 1);

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, Qwen2Config
 
-from tests.utils import assert_close, check_strided_bf16_linear, cpu_has, has_avx512_bf16
+from tests.utils import assert_close, check_strided_bf16_linear, has_avx512_bf16
 from vllm import _custom_ops as ops
 from vllm.forward_context import AttentionMetadata, set_forward_context
 from vllm.model_executor import cpu_decode
@@ -118,11 +118,9 @@ SHAPES = {
 }
 
 
-def make_model(shape: str, dtype: torch.dtype, intermediate_size: int = 200,
-               hidden_size: int = 128):
+def make_model(shape: str, dtype: torch.dtype, intermediate_size: int = 200):
     cls, config_cls, heads = SHAPES[shape]
-    config = config_cls(vocab_size=300, hidden_size=hidden_size,
-                        intermediate_size=intermediate_size,
+    config = config_cls(vocab_size=300, hidden_size=128, intermediate_size=intermediate_size,
                         num_hidden_layers=3, max_position_embeddings=256, rms_norm_eps=1e-5,
                         tie_word_embeddings=shape.startswith("qwen2"), **heads)
     torch.manual_seed(0)
@@ -385,47 +383,6 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
     monkeypatch.setenv("VLLM_CPU_DECODE_FOLD", "yes")
     with pytest.raises(RuntimeError, match="VLLM_CPU_DECODE_FOLD must be 0 or 1"):
         run(model, caches, md, ids, positions, "fused", monkeypatch)
-
-
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="the AMX tiles split panels")
-@pytest.mark.parametrize("shape", ["llama-gqa", "qwen2-bias"])
-@pytest.mark.parametrize("context_lens,q_lens", [
-    ([40, 3, 17, 64, 1, 22, 9, 31], [1] * 8),  # a batch of 8 decodes
-    ([20, 35, 5], [1] * 3),  # 3 rows: the packed tiles, not AMX (nothing split)
-    ([20, 35, 5, 9], [4] * 4),  # 16 rows, the most the split takes
-])
-def test_split_panels_keep_the_folds_exact_and_the_sums_close(shape, context_lens, q_lens,
-                                                             monkeypatch):
-    """At 16 threads a model of few panels a linear (hidden 2048: 64 k-steps; intermediate 64)
-    has its AMX linears' panels cut into quarters of their k-steps where whole panels would
-    leave the threads uneven (run_panels' split: gate/up's 8 panels with the silu fold, the LM
-    head's 19 with a partial last panel, qwen2's qkv's 12 with its bias and the norm fold): the
-    step is bit for bit the same folded and unfolded (the split is decided by the panels
-    alone), and within bf16 tolerance of whole panels (VLLM_CPU_SPLIT_K=0) and of the per-op
-    path; a bad setting is refused by name."""
-    model, config = make_model(shape, torch.bfloat16, intermediate_size=64, hidden_size=2048)
-    caches, md, positions = make_step(config, torch.bfloat16, context_lens, q_lens)
-    ids = torch.randint(0, config.vocab_size, (len(positions),),
-                        generator=torch.Generator().manual_seed(7))
-    saved = torch.get_num_threads()
-    torch.set_num_threads(16)
-    try:
-        split = runs_under([{"VLLM_CPU_SPLIT_K": "1", "VLLM_CPU_DECODE_FOLD": "0"},
-                            {"VLLM_CPU_DECODE_FOLD": "1"}], model, caches, md, ids, positions,
-                           monkeypatch)
-        monkeypatch.setenv("VLLM_CPU_SPLIT_K", "0")
-        whole = run(model, caches, md, ids, positions, "fused", monkeypatch)
-        ref = run(model, caches, md, ids, positions, "native", monkeypatch)
-        monkeypatch.setenv("VLLM_CPU_SPLIT_K", "on")
-        with pytest.raises(RuntimeError, match="VLLM_CPU_SPLIT_K must be 0 or 1"):
-            run(model, caches, md, ids, positions, "fused", monkeypatch)
-    finally:
-        torch.set_num_threads(saved)
-    for name, other in (("whole panels", whole), ("per-op path", ref)):
-        assert_close(f"split panels vs {name}", split[0].float(), other[0].float(),
-                     torch.bfloat16, tol_scale=2)
-        assert_close(f"split panels vs {name} logits", split[1], other[1], torch.bfloat16,
-                     tol_scale=2)
 
 
 @pytest.mark.parametrize("fold", ["0", "1"])

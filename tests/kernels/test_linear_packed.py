@@ -125,29 +125,6 @@ def test_amx_prefetch_setting_is_checked(monkeypatch):
                           torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
 
 
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="the AMX tiles split panels")
-@pytest.mark.parametrize("split", ["1", "0"])
-@pytest.mark.parametrize("m", [8, 11, 16])
-# 36 panels (SmolLM2's o and down: quarters at 16 threads), 7 with a partial last one, 12 with
-# parts of 16 k-steps; 36 panels of 4 k-steps (too few to cut), 7 of too few bytes for 16 threads
-@pytest.mark.parametrize("n,k", [(576, 576), (576, 1536), (100, 2048), (192, 2048), (576, 128),
-                                 (100, 576)])
-@pytest.mark.parametrize("threads", [3, 16])
-def test_amx_split_panels(split, m, n, k, threads, monkeypatch):
-    """With few panels for the threads, the packed AMX tiles cut each panel's k-steps into parts
-    (VLLM_CPU_SPLIT_K=1, the default; at 16 threads here, where whole panels leave the threads
-    uneven), added by the thread that finishes a panel: the reference's sums, with a bias,
-    strided rows and a partial last panel, split or not."""
-    monkeypatch.setenv("VLLM_CPU_SPLIT_K", split)
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        check_strided_bf16_linear("linear_packed split panels", lambda out, x, w, b:
-                                  ops.linear_packed(out, x, w, ops.pack_linear(w), b), m, n, k)
-    finally:
-        torch.set_num_threads(saved)
-
-
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
 @pytest.mark.parametrize("prefetch", ["1", "0"])
