@@ -68,21 +68,36 @@ def source_fingerprint() -> str:
     return digest.hexdigest()[:12]
 
 
+def git_commit(root: str) -> str:
+    """root's git HEAD, short, with "+dirty" where its tracked files differ from it (a copied
+    tree whose .git came along stale reads so, rather than as the commit it no longer is);
+    "unknown" without git or a repository."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                              check=False)
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode != 0:
+            return "unknown"
+        dirty = git("diff", "--quiet", "HEAD", "--").returncode != 0
+    except OSError:
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
 def provenance() -> dict[str, str]:
     """The command, the commit, a fingerprint of the source, torch and the device. A copied
     tree (the GPU machine's) can carry a stale git HEAD: a `.source_commit` file at the root,
-    written beside the copy (`git rev-parse --short HEAD > .source_commit`), wins."""
-    marker = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          ".source_commit")
-    try:
-        if os.path.exists(marker):
-            with open(marker) as f:
-                commit = f.read().strip()
-        else:
-            commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
-                                             text=True, stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    written beside the copy (`git rev-parse --short HEAD > .source_commit`), wins; without it
+    a tree that differs from its HEAD reads "<HEAD>+dirty"."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    marker = os.path.join(root, ".source_commit")
+    if os.path.exists(marker):
+        with open(marker) as f:
+            commit = f.read().strip()
+    else:
+        commit = git_commit(root)
     info = {"command": " ".join(sys.argv), "commit": commit,
             "source_sha256": source_fingerprint(), "torch": torch.__version__,
             "cpu_threads": str(torch.get_num_threads())}
