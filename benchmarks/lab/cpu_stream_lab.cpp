@@ -18,8 +18,14 @@
 //   amx4 m        AMX, 4 panels a pass side by side (the extension's kernel), pf t1 2 KB
 //   amxst m       AMX, each 1 KB B tile read with 16 vector loads into an L1 buffer first
 //   amxl1 m       AMX from an L1-resident tile only (the tile unit's own ceiling; no streaming)
+// With a third argument P (bursts): the buffer read as a sequence of linears of P panels a
+// thread, a barrier after each, as a decode step's (us a burst too); there also amx up16K (16 KB
+// of the share requested up front) and amx4 cfg / cfg+rel (the tile configuration loaded before,
+// and the tiles released after, each burst, as the extension does once a linear a thread).
 //     g++ -O3 -fopenmp -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mamx-tile -mamx-bf16 \
-//       cpu_stream_lab.cpp -o stream_lab && OMP_NUM_THREADS=16 ./stream_lab [K=576] [MB=1024]
+//       cpu_stream_lab.cpp -o stream_lab && OMP_NUM_THREADS=16 ./stream_lab [K=576] [MB=1024] [P]
+// (results: benchmarks/RESULTS.md, twenty-seventh session; the tile configuration struct is
+// the extension's own layout, restated so the lab builds alone)
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/syscall.h>
