@@ -21,7 +21,8 @@
 // With a third argument P (bursts): the buffer read as a sequence of linears of P panels a
 // thread, a barrier after each, as a decode step's (us a burst too); there also amx up16K (16 KB
 // of the share requested up front) and amx4 cfg / cfg+rel (the tile configuration loaded before,
-// and the tiles released after, each burst, as the extension does once a linear a thread).
+// and the tiles released after, each burst, as the extension does once a linear a thread), and
+// amx4 x own / shared / normed (8 rows: a step's hand-off of the input rows, amx4_handoff).
 //     g++ -O3 -fopenmp -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mamx-tile -mamx-bf16 \
 //       cpu_stream_lab.cpp -o stream_lab && OMP_NUM_THREADS=16 ./stream_lab [K=576] [MB=1024] [P]
 // (results: benchmarks/RESULTS.md, twenty-seventh session; the tile configuration struct is
@@ -33,6 +34,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -240,6 +242,49 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx4_configured(const 
   if (release) _tile_release();
 }
 
+// A step's hand-off between linears (burst mode, 8 rows): every thread's share of the 8 input
+// rows (8 x K bf16) was written by the other threads after the last burst, and after this one
+// (a barrier apart, once all have read them) each thread writes its slice of the next rows.
+// from: 0 the thread's own copy (the lab's default, with the same barrier and writes), 1 the
+// shared rows as they lie (o and down), 2 the shared rows normalised by every thread into its
+// own copy first (the fold of an RMS norm into qkv and gate/up).
+bf16* g_shared = nullptr;  // 8 x K, written by all threads
+float rms_scale(const bf16* row) {
+  float sum = 0.f;
+  for (int64_t k = 0; k < K; ++k) {
+    uint32_t u = static_cast<uint32_t>(row[k]) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    sum += f * f;
+  }
+  return 1.f / std::sqrt(sum / static_cast<float>(K) + 1e-5f);
+}
+__attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx4_handoff(const Share& s, int from) {
+  constexpr int kRows = 8;
+  bf16* local = const_cast<bf16*>(s.x);
+  if (from == 2) {
+    for (int r = 0; r < kRows; ++r) {
+      const bf16* row = g_shared + r * K;
+      const float scale = rms_scale(row);
+      for (int64_t k = 0; k < K; ++k) {
+        uint32_t u = static_cast<uint32_t>(row[k]) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        f *= scale;
+        std::memcpy(&u, &f, 4);
+        local[r * K + k] = static_cast<bf16>(u >> 16);
+      }
+    }
+  }
+  amx4(Share{s.begin, s.end, from == 1 ? g_shared : s.x, s.out}, 0);
+#pragma omp barrier
+  const int t = omp_get_thread_num(), n = omp_get_num_threads();
+  const int64_t c0 = K * t / n, c1 = K * (t + 1) / n;
+  for (int r = 0; r < kRows; ++r) {
+    for (int64_t k = c0; k < c1; ++k) g_shared[r * K + k] = static_cast<bf16>(0x3c00 + ((k + r) & 0x3f));
+  }
+}
+
 struct Kernel {
   std::string name;
   int rows;
@@ -281,6 +326,8 @@ int main(int argc, char** argv) {
   // step's linears are (SmolLM2 at 16 threads: 2-4 panels a thread for qkv, o and down, 12 for
   // gate/up, ~200 for the LM head)
   const int64_t burst = argc > 3 ? std::atoll(argv[3]) : 0;
+  g_shared = static_cast<bf16*>(std::aligned_alloc(64, 16 * K * 2));
+  for (int64_t i = 0; i < 16 * K; ++i) g_shared[i] = static_cast<bf16>(0x3c00 + (i & 0x3f));
   std::vector<Kernel> ks;
   ks.push_back({"read", 0, false, [](const Share& s) { read_only(s, 0); }});
   ks.push_back({"gemv", 1, false, [](const Share& s) { gemv<1>(s, 0); }});
@@ -303,6 +350,11 @@ int main(int argc, char** argv) {
     if (burst > 0) {
       ks.push_back({"amx4 cfg", m, true, [m](const Share& s) { amx4_configured(s, m, false); }});
       ks.push_back({"amx4 cfg+rel", m, true, [m](const Share& s) { amx4_configured(s, m, true); }});
+      if (m == 8) {
+        ks.push_back({"amx4 x own", m, true, [](const Share& s) { amx4_handoff(s, 0); }});
+        ks.push_back({"amx4 x shared", m, true, [](const Share& s) { amx4_handoff(s, 1); }});
+        ks.push_back({"amx4 x normed", m, true, [](const Share& s) { amx4_handoff(s, 2); }});
+      }
     }
     if (burst == 0) {
       ks.push_back({"amxst", m, true, [](const Share& s) { amx_staged(s, 0); }});
