@@ -603,28 +603,31 @@ class GoodputController:
         self.request_runs.pop(req_id, None)
         self._changes += 1
 
+    def _costs_ms(self) -> dict[str, Optional[float]]:
+        """The modelled costs at one drafting request, ms (None: not yet measured, no bucket
+        of the curve holding two measurements: CostCurve)."""
+        curves = {"draft_forward": self.t_draft, "proposal_fixed": self.t_first,
+                  "plain_step": self.t_verify, "ahead_wait": self.t_hit}
+        costs = {name: curve.estimate(1) for name, curve in curves.items()}
+        return {name: None if s is None else 1e3 * s for name, s in costs.items()}
+
     def describe(self) -> str:
         """The estimates behind the last decision in words, for the log: a cost not yet
-        measured (no bucket of its curve holds two measurements: CostCurve) says so, where
-        as_dict's gauges read 0."""
-        def ms(curve: CostCurve) -> str:
-            seconds = curve.estimate(1)
-            return "unmeasured" if seconds is None else f"{1e3 * seconds:.2f} ms"
-
-        last = self.last
-        return (f"k {last.k}, acceptance estimate {self.acceptance():.3f}, modelled speedup "
-                f"{last.modelled_speedup or 1.0:.2f}x, draft ahead {int(last.draft_ahead)}, "
-                f"probes {self.num_probes}, draft forward {ms(self.t_draft)}, proposal fixed "
-                f"{ms(self.t_first)}, plain step {ms(self.t_verify)}, k chosen "
-                f"{self.k_histogram}")
+        measured says so, where as_dict's gauges read 0."""
+        c = self.as_dict()
+        words = {name: "unmeasured" if ms is None else f"{ms:.2f} ms"
+                 for name, ms in self._costs_ms().items()}
+        return (f"k {c['controller_k']}, acceptance estimate {c['controller_acceptance']:.3f}, "
+                f"modelled speedup {c['controller_modelled_speedup']:.2f}x, draft ahead "
+                f"{c['controller_draft_ahead']}, probes {c['controller_num_probes']}, draft "
+                f"forward {words['draft_forward']}, proposal fixed {words['proposal_fixed']}, "
+                f"plain step {words['plain_step']}, k chosen {c['controller_k_steps']}")
 
     def as_dict(self) -> dict:
         """The estimates behind the last decision (for /metrics; 0 where not yet measured)."""
         last = self.last
-        draft = self.t_draft.estimate(1)
-        first = self.t_first.estimate(1)
-        verify = self.t_verify.estimate(1)
-        hit = self.t_hit.estimate(1)
+        costs = {f"controller_{name}_ms": 0.0 if ms is None else ms
+                 for name, ms in self._costs_ms().items()}
         return {"controller_k": last.k, "controller_acceptance": self.acceptance(),
                 "controller_modelled_speedup": last.modelled_speedup or 1.0,
                 "controller_draft_ahead": int(last.draft_ahead),
@@ -633,10 +636,7 @@ class GoodputController:
                 "controller_num_split_steps": self.num_split_steps,
                 "controller_num_vetoed": self.realized.num_vetoed,
                 "controller_num_measuring_plain": self.realized.num_measuring,
-                "controller_draft_forward_ms": 1e3 * draft if draft is not None else 0.0,
-                "controller_proposal_fixed_ms": 1e3 * first if first is not None else 0.0,
-                "controller_plain_step_ms": 1e3 * verify if verify is not None else 0.0,
-                "controller_ahead_wait_ms": 1e3 * hit if hit is not None else 0.0,
+                **costs,
                 "controller_num_ahead_used": self.num_ahead_used,
                 "controller_num_ahead_missed": self.num_ahead_heard - self.num_ahead_used,
                 "controller_k_steps": list(self.k_histogram)}
