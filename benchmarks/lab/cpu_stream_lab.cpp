@@ -23,8 +23,9 @@
 // of the share requested up front) and amx4 cfg / cfg+rel (the tile configuration loaded before,
 // and the tiles released after, each burst, as the extension does once a linear a thread), and
 // amx4 x own / shared / normed (8 rows: a step's hand-off of the input rows, amx4_handoff).
-//     g++ -O3 -fopenmp -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mamx-tile -mamx-bf16 \
-//       cpu_stream_lab.cpp -o stream_lab && OMP_NUM_THREADS=16 ./stream_lab [K=576] [MB=1024] [P]
+//     g++ -O3 -fopenmp -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mamx-tile -mamx-bf16
+//       cpu_stream_lab.cpp -o stream_lab   (one line)
+//     OMP_NUM_THREADS=16 ./stream_lab [K=576] [MB=1024] [P]
 // (results: benchmarks/RESULTS.md, twenty-seventh session; the tile configuration struct is
 // the extension's own layout, restated so the lab builds alone)
 #include <immintrin.h>
@@ -83,7 +84,7 @@ struct Share {
 
 uint64_t sink_bits = 0;
 
-void read_only(const Share& s, int) {
+void read_only(const Share& s) {
   __m512i acc = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
   for (const bf16* p = s.begin; p < s.end; p += 64) {
     acc = _mm512_xor_si512(acc, _mm512_load_si512(p));
@@ -96,7 +97,7 @@ void read_only(const Share& s, int) {
 
 // gemv: each weight row once, against M input rows, two accumulators a row
 template <int M>
-void gemv(const Share& s, int) {
+void gemv(const Share& s) {
   const int64_t rows = (s.end - s.begin) / K;
   for (int64_t n = 0; n < rows; ++n) {
     const bf16* w = s.begin + n * K;
@@ -116,7 +117,7 @@ void gemv(const Share& s, int) {
 
 // bcast: a panel's k-pair vectors (16 weight rows x 2 columns) against each input row's pair
 template <int M>
-void bcast(const Share& s, int) {
+void bcast(const Share& s) {
   const int64_t panel = 16 * K;
   const uint32_t* x32 = reinterpret_cast<const uint32_t*>(s.x);
   for (const bf16* p = s.begin; p + panel <= s.end; p += panel) {
@@ -168,7 +169,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx1(const Share& s, i
 }
 
 // four panels a pass, side by side (the extension's packed_panels_amx<4>), L2 prefetch 2 KB on
-__attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx4(const Share& s, int) {
+__attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx4(const Share& s) {
   const int64_t panel = 16 * K, steps = K / 32;
   for (const bf16* p = s.begin; p + 4 * panel <= s.end; p += 4 * panel) {
     _tile_zero(0);
@@ -198,7 +199,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx4(const Share& s, i
 }
 
 // each B tile through 16 vector loads into an L1 buffer (double-buffered), then the tile load
-__attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_staged(const Share& s, int) {
+__attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_staged(const Share& s) {
   alignas(64) bf16 buf[2][512];
   const int64_t panel = 16 * K, steps = K / 32;
   int which = 0;
@@ -219,7 +220,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_staged(const Share
 }
 
 // the tile unit alone: the same k-step count, B from one L1-resident tile
-__attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_l1(const Share& s, int) {
+__attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_l1(const Share& s) {
   alignas(64) static thread_local bf16 buf[512];
   const int64_t panel = 16 * K, steps = K / 32;
   for (const bf16* p = s.begin; p + panel <= s.end; p += panel) {
@@ -238,7 +239,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_l1(const Share& s,
 __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx4_configured(const Share& s, int m,
                                                                           bool release) {
   amx_configure(m);
-  amx4(s, 0);
+  amx4(s);
   if (release) _tile_release();
 }
 
@@ -249,14 +250,20 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx4_configured(const 
 // shared rows as they lie (o and down), 2 the shared rows normalised by every thread into its
 // own copy first (the fold of an RMS norm into qkv and gate/up).
 bf16* g_shared = nullptr;  // 8 x K, written by all threads
+float to_float(bf16 v) {
+  const uint32_t u = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+bf16 to_bf16_truncated(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<bf16>(u >> 16);
+}
 float rms_scale(const bf16* row) {
   float sum = 0.f;
-  for (int64_t k = 0; k < K; ++k) {
-    uint32_t u = static_cast<uint32_t>(row[k]) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    sum += f * f;
-  }
+  for (int64_t k = 0; k < K; ++k) sum += to_float(row[k]) * to_float(row[k]);
   return 1.f / std::sqrt(sum / static_cast<float>(K) + 1e-5f);
 }
 __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx4_handoff(const Share& s, int from) {
@@ -266,17 +273,10 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx4_handoff(const Sha
     for (int r = 0; r < kRows; ++r) {
       const bf16* row = g_shared + r * K;
       const float scale = rms_scale(row);
-      for (int64_t k = 0; k < K; ++k) {
-        uint32_t u = static_cast<uint32_t>(row[k]) << 16;
-        float f;
-        std::memcpy(&f, &u, 4);
-        f *= scale;
-        std::memcpy(&u, &f, 4);
-        local[r * K + k] = static_cast<bf16>(u >> 16);
-      }
+      for (int64_t k = 0; k < K; ++k) local[r * K + k] = to_bf16_truncated(to_float(row[k]) * scale);
     }
   }
-  amx4(Share{s.begin, s.end, from == 1 ? g_shared : s.x, s.out}, 0);
+  amx4(Share{s.begin, s.end, from == 1 ? g_shared : s.x, s.out});
 #pragma omp barrier
   const int t = omp_get_thread_num(), n = omp_get_num_threads();
   const int64_t c0 = K * t / n, c1 = K * (t + 1) / n;
@@ -329,12 +329,12 @@ int main(int argc, char** argv) {
   g_shared = static_cast<bf16*>(std::aligned_alloc(64, 16 * K * 2));
   for (int64_t i = 0; i < 16 * K; ++i) g_shared[i] = static_cast<bf16>(0x3c00 + (i & 0x3f));
   std::vector<Kernel> ks;
-  ks.push_back({"read", 0, false, [](const Share& s) { read_only(s, 0); }});
-  ks.push_back({"gemv", 1, false, [](const Share& s) { gemv<1>(s, 0); }});
-  ks.push_back({"gemv", 8, false, [](const Share& s) { gemv<8>(s, 0); }});
+  ks.push_back({"read", 0, false, [](const Share& s) { read_only(s); }});
+  ks.push_back({"gemv", 1, false, [](const Share& s) { gemv<1>(s); }});
+  ks.push_back({"gemv", 8, false, [](const Share& s) { gemv<8>(s); }});
   if (burst == 0) {
-    ks.push_back({"bcast", 1, false, [](const Share& s) { bcast<1>(s, 0); }});
-    ks.push_back({"bcast", 8, false, [](const Share& s) { bcast<8>(s, 0); }});
+    ks.push_back({"bcast", 1, false, [](const Share& s) { bcast<1>(s); }});
+    ks.push_back({"bcast", 8, false, [](const Share& s) { bcast<8>(s); }});
   }
   for (int m : {1, 8}) {
     if (burst == 0) ks.push_back({"amx pf-", m, true, [](const Share& s) { amx1(s, 0, 0); }});
@@ -346,7 +346,7 @@ int main(int argc, char** argv) {
     } else {
       ks.push_back({"amx up16K t1:8K", m, true, [](const Share& s) { amx1(s, 1, 8192, 16384); }});
     }
-    ks.push_back({"amx4 t1:2K", m, true, [](const Share& s) { amx4(s, 0); }});
+    ks.push_back({"amx4 t1:2K", m, true, [](const Share& s) { amx4(s); }});
     if (burst > 0) {
       ks.push_back({"amx4 cfg", m, true, [m](const Share& s) { amx4_configured(s, m, false); }});
       ks.push_back({"amx4 cfg+rel", m, true, [m](const Share& s) { amx4_configured(s, m, true); }});
@@ -357,8 +357,8 @@ int main(int argc, char** argv) {
       }
     }
     if (burst == 0) {
-      ks.push_back({"amxst", m, true, [](const Share& s) { amx_staged(s, 0); }});
-      ks.push_back({"amxl1", m, true, [](const Share& s) { amx_l1(s, 0); }});
+      ks.push_back({"amxst", m, true, [](const Share& s) { amx_staged(s); }});
+      ks.push_back({"amxl1", m, true, [](const Share& s) { amx_l1(s); }});
     }
   }
   const int64_t share = burst > 0 ? burst * panel : per_thread;  // elements a thread a burst
