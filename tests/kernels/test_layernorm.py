@@ -62,3 +62,27 @@ def test_rms_norm_layer_uses_kernel(device, monkeypatch):
 
     monkeypatch.setattr(norm, "forward_native", fail)
     assert_close("rms_norm", norm(x), ref, torch.float32)
+
+
+@pytest.mark.parametrize("hidden", [64, 512])
+def test_bf16_roundings_are_torchs_bits(hidden):
+    """The CPU kernels' own fp32-to-bf16 rounding (vec.h) gives torch's bits: the sum x +
+    residual (fused_add_rms_norm's residual out, ties to even among its rows), and the norm's
+    two roundings, on inputs whose mean square is exact in any summation order (small integers,
+    a power-of-two width), so that only the roundings can differ; inf and NaN pass through."""
+    g = torch.Generator().manual_seed(hidden)
+    x = torch.randint(-8, 9, (9, hidden), generator=g).to(torch.bfloat16)
+    residual = (torch.randn(9, hidden, generator=g) * 3).to(torch.bfloat16)
+    residual[0, :8] = torch.tensor([2 ** -8, 3 * 2 ** -8, 2 ** -9, 0.5, 1, 255, 257, 1e-3])
+    x[1, 3], residual[2, 5] = float("inf"), float("nan")
+    norm = make_norm(hidden, torch.bfloat16, "cpu")
+    norm.variance_epsilon = 0.0
+    ref_out, ref_sum = norm.forward_native(x.clone(), residual.clone())
+    out, summed = x.clone(), residual.clone()
+    ops.fused_add_rms_norm(out, summed, norm.weight, 0.0)
+    torch.testing.assert_close(summed, ref_sum, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(out[3:], ref_out[3:], rtol=0, atol=0)  # rows 1, 2: inf, NaN
+
+    normed = torch.empty_like(x)
+    ops.rms_norm(normed[3:], x[3:], norm.weight, 0.0)
+    torch.testing.assert_close(normed[3:], norm.forward_native(x[3:]), rtol=0, atol=0)
