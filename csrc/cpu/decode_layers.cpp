@@ -137,9 +137,6 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
                    const std::optional<at::Tensor>& stage_ms) {
   StageClock clock(stage_ms);
   SmallOpSplit split;
-#ifdef VLLM_CPU_ROUND_BF16
-  bf16_round_packed() = !switched_on("VLLM_CPU_BF16_ROUND");  // TEMPORARY A/B
-#endif
   const int64_t num_layers = static_cast<int64_t>(key_caches.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kTensorsPerLayer * num_layers &&
                   value_caches.size() == key_caches.size(),

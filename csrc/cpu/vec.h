@@ -30,58 +30,8 @@ inline fVec load_float(const T* p, int n) {
   return fVec::loadu(tmp);
 }
 
-// v rounded to bf16's precision, kept as floats: the fp32 bits rounded to nearest even at bit
-// 16, a NaN to 0xffff0000, as at::vec's converter does it (the same bits) but without packing
-// to 16 bits and back (which cost a bf16 norm's row ~1.5x its time on an AVX2 core).
-#if defined(CPU_CAPABILITY_AVX512)
-inline bool& bf16_round_packed() {  // TEMPORARY A/B switch: at::vec's converter (1) or ours
-  static bool packed = false;
-  return packed;
-}
-inline fVec round_bf16(const fVec& v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  const __m512i r = _mm512_and_si512(
-      _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), high);
-  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), high, r));
-}
-// the high halves of rounded floats (round_bf16's) as bf16
-inline void store_rounded_bf16(c10::BFloat16* p, const fVec& rounded) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(rounded), 16)));
-}
-#define VLLM_CPU_ROUND_BF16 1
-#elif defined(CPU_CAPABILITY_AVX2)
-inline bool& bf16_round_packed() {  // TEMPORARY A/B switch: at::vec's converter (1) or ours
-  static bool packed = false;
-  return packed;
-}
-inline fVec round_bf16(const fVec& v) {
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-  const __m256i r = _mm256_and_si256(
-      _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), high);
-  const __m256i ordered = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q));
-  return _mm256_castsi256_ps(_mm256_blendv_epi8(high, r, ordered));
-}
-inline void store_rounded_bf16(c10::BFloat16* p, const fVec& rounded) {
-  const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(rounded), 16);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                   _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
-}
-#define VLLM_CPU_ROUND_BF16 1
-#endif
-
 inline void store_float(float* p, const fVec& v) { v.store(p); }
 inline void store_float(c10::BFloat16* p, const fVec& v) {
-#ifdef VLLM_CPU_ROUND_BF16
-  if (!bf16_round_packed()) {
-    store_rounded_bf16(p, round_bf16(v));
-    return;
-  }
-#endif
   at::vec::convert_from_float<c10::BFloat16>(v, v).store(p, kVecSize);
 }
 template <typename T>
@@ -96,13 +46,6 @@ template <typename T>
 inline fVec round_to(const fVec& v) {
   if constexpr (std::is_same_v<T, float>) {
     return v;
-#ifdef VLLM_CPU_ROUND_BF16
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (!bf16_round_packed()) return round_bf16(v);
-    auto [lo, hi] = at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(v, v));
-    (void)hi;
-    return lo;
-#endif
   } else {
     auto [lo, hi] = at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(v, v));
     (void)hi;
