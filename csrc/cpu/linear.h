@@ -63,6 +63,12 @@ class LinearFold {
     (void)n0;
     (void)n1;
   }
+  // Runs after a thread's tasks wrote out's columns [n0, n1) (its whole chunk of the loop, in
+  // one contiguous range; of the first half where paired), on that thread.
+  virtual void chunk_done(int64_t n0, int64_t n1) const {
+    (void)n0;
+    (void)n1;
+  }
 };
 
 // out = input @ weight^T (+ bias) for [rows, in] tensors of contiguous rows: linear_small_impl

@@ -1,9 +1,9 @@
 // linear_argmax on the CPU: each row's first maximal index of input @ weight^T (a NaN counting as
 // the maximum, as numpy's argmax), for a greedy draft's next tokens without its fp32 logits: the
 // logits are made in the weights' dtype by linear_rows (the same values linear_small and
-// linear_packed give), and each task of the linear's loop finds its own columns' maximum while
-// they are in its cache (a LinearFold; on the packed tiles) or a loop over column chunks does
-// (elsewhere); the chunks' maxima are merged in column order. Where the logits went to fp32 and
+// linear_packed give), and each thread of the linear's loop finds its chunk's maximum while
+// the columns are in its cache (a LinearFold; on the packed tiles), or a loop split as the
+// linear's does (elsewhere); the chunks' maxima are merged in column order. Where the logits went to fp32 and
 // numpy's argmax on the calling thread, a batch of 8 rows of a 49K vocabulary was a 1.5 MB pass
 // on one core.
 #include <cmath>
@@ -65,30 +65,47 @@ Best span_max(const T* x, int64_t n0, int64_t n1) {
   return best;
 }
 
-// Each row's first maximum of the columns each task of the linear's loop wrote: chunk c
-// (columns from kPackRows * c) in partial[c * rows + r].
+// Each row's first maximum of logits' columns [n0, n1) (a chunk of a parallel loop, read by the
+// thread that wrote them where the loops split alike), into partial[p * rows + r] where the
+// chunk starts at panel p (kPackRows columns), and the panel after the chunk into next[p].
+template <typename T>
+void chunk_max(const T* logits, int64_t ld, int64_t rows, int64_t n0, int64_t n1,
+               std::vector<Best>& partial, std::vector<int64_t>& next) {
+  const int64_t p = n0 / kPackRows;
+  for (int64_t r = 0; r < rows; ++r) {
+    partial[p * rows + r] = span_max(logits + r * ld + n0, n0, n1);
+  }
+  next[p] = (n1 + kPackRows - 1) / kPackRows;
+}
+
+// chunk_max of each thread's chunk of the packed linear's loop, after its tasks, from its
+// cache. Not a maximum a task: a batch-8 step's merge of a 32K vocabulary's 2000 panels x 8
+// rows on the calling thread cost ~0.1 ms, more than the LM head's AMX pass itself on a
+// 16-core host (benchmarks/lab/cpu_lm_head_rows.py).
 template <typename T>
 class ArgmaxFold final : public LinearFold {
  public:
-  ArgmaxFold(const T* logits, int64_t ld, int64_t rows, std::vector<Best>& partial)
-      : logits_(logits), ld_(ld), rows_(rows), partial_(partial) {}
-  void output(int64_t n0, int64_t n1) const override {
-    for (int64_t r = 0; r < rows_; ++r) {
-      partial_[(n0 / kPackRows) * rows_ + r] = span_max(logits_ + r * ld_ + n0, n0, n1);
-    }
+  ArgmaxFold(const T* logits, int64_t ld, int64_t rows, std::vector<Best>& partial,
+             std::vector<int64_t>& next)
+      : logits_(logits), ld_(ld), rows_(rows), partial_(partial), next_(next) {}
+  void chunk_done(int64_t n0, int64_t n1) const override {
+    chunk_max(logits_, ld_, rows_, n0, n1, partial_, next_);
   }
 
  private:
   const T* logits_;
   int64_t ld_, rows_;
   std::vector<Best>& partial_;
+  std::vector<int64_t>& next_;
 };
 
-// The rows' maxima merged over the chunks in column order, into out.
-void merge(const std::vector<Best>& partial, int64_t rows, int64_t* out) {
+// The rows' maxima merged over the chunks in column order, into out: the chunks at panels 0,
+// next[0], next[next[0]], ... before `panels` (chunk_max's).
+void merge(const std::vector<Best>& partial, const std::vector<int64_t>& next, int64_t rows,
+           int64_t panels, int64_t* out) {
   for (int64_t r = 0; r < rows; ++r) {
     Best best{0.f, -1};
-    for (size_t c = 0; c * rows + r < partial.size(); ++c) {
+    for (int64_t c = 0; c < panels; c = next[c]) {
       best = first_max(best, partial[c * rows + r]);
     }
     out[r] = best.index;
@@ -113,29 +130,31 @@ void linear_argmax(at::Tensor& out, const at::Tensor& input, const at::Tensor& w
   const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
   VLLM_CPU_DISPATCH_FLOAT_TYPES(input.scalar_type(), "linear_argmax", [&] {
     const scalar_t* l = logits.data_ptr<scalar_t>();
+    // the calling thread's, kept between calls: written where the chunks start, and read only
+    // there (a fresh 256 KB a call, filled, cost more than the chunks' maxima)
+    // (references: a lambda naming a thread_local reads the running thread's own)
+    thread_local std::vector<Best> partial_kept;
+    thread_local std::vector<int64_t> next_kept;
+    std::vector<Best>& partial = partial_kept;
+    std::vector<int64_t>& next = next_kept;
+    if (static_cast<int64_t>(partial.size()) < panels * rows) partial.resize(panels * rows);
+    if (static_cast<int64_t>(next.size()) < panels) next.resize(panels);
     if (packed.numel() > 0 && linear_rows_folds(input.scalar_type(), rows)) {
-      std::vector<Best> partial(panels * rows, Best{0.f, -1});
-      const ArgmaxFold<scalar_t> fold(l, n_dim, rows, partial);
+      const ArgmaxFold<scalar_t> fold(l, n_dim, rows, partial, next);
       linear_rows(logits, input, weight, nullptr, &packed, &fold);
-      merge(partial, rows, o);
-      return;
+    } else {
+      linear_rows(logits, input, weight, nullptr, packed.numel() > 0 ? &packed : nullptr);
+      // chunks of at least 2048 logits, split as the row-major kernels' loop splits the
+      // columns where the vocabulary is large (a thread then reads the logits it wrote): on
+      // the calling thread, a 16-core host's batch-1 argmax of a 32K-49K vocabulary cost
+      // 21-39 us beside a 70-360 us GEMV
+      const int64_t grain = std::max<int64_t>(1, (2048 / rows + kPackRows - 1) / kPackRows);
+      parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
+        chunk_max(l, n_dim, rows, begin * kPackRows, std::min(end * kPackRows, n_dim), partial,
+                  next);
+      });
     }
-    linear_rows(logits, input, weight, nullptr, packed.numel() > 0 ? &packed : nullptr);
-    // chunks of 4096 columns, at least 64K logits a thread: a row of a 49K vocabulary is a
-    // few us on the calling thread, less than opening a parallel region costs
-    constexpr int64_t kChunk = 4096;
-    const int64_t chunks = (n_dim + kChunk - 1) / kChunk;
-    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (kChunk * rows));
-    std::vector<Best> partial(chunks * rows, Best{0.f, -1});
-    parallel_for(0, chunks, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) {
-        const int64_t n0 = c * kChunk, n1 = std::min(n_dim, n0 + kChunk);
-        for (int64_t r = 0; r < rows; ++r) {
-          partial[c * rows + r] = span_max(l + r * n_dim + n0, n0, n1);
-        }
-      }
-    });
-    merge(partial, rows, o);
+    merge(partial, next, rows, panels, o);
   });
 }
 
