@@ -8,9 +8,12 @@
 // small draft's layers (a 20M draft on a 2-core Xeon: ~0.25 ms of a 0.9 ms forward, its
 // Python's data evicted by the weights' stream every step).
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "core/checks.h"
+#include "cpu/linear.h"
+#include "cpu/team.h"
 #include "ops.h"
 
 namespace vllm_cpu {
@@ -114,15 +117,26 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
     linear_argmax(out, hidden, head, head_packed);
     ids = out;
   };
-  run_step(pos, first_qsl, 0);
-  if (steps == 1) return;
   // later steps: one token a sequence, at the position after its last
   at::Tensor step_pos = num_tokens == rows ? pos.clone() : pos.index_select(0, last_rows);
   at::Tensor one_each = at::arange(rows + 1, cpu_int);
   int64_t* sp = step_pos.data_ptr<int64_t>();
-  for (int64_t s = 1; s < steps; ++s) {
-    for (int64_t r = 0; r < rows; ++r) ++sp[r];
-    run_step(step_pos, one_each, s);
+  const auto all_steps = [&] {
+    run_step(pos, first_qsl, 0);
+    for (int64_t s = 1; s < steps; ++s) {
+      for (int64_t r = 0; r < rows; ++r) ++sp[r];
+      run_step(step_pos, one_each, s);
+    }
+  };
+  const char* sw = std::getenv("VLLM_CPU_GREEDY_TEAM");  // TEMPORARY A/B
+  const bool team_on = sw != nullptr && sw[0] == '1';
+  const auto dtype = embedding.scalar_type();
+  if (team_on && linear_rows_in_house(dtype, num_tokens, !packed.empty()) &&
+      linear_rows_in_house(dtype, rows, !packed.empty()) &&
+      linear_rows_in_house(dtype, rows, head_packed.numel() > 0)) {
+    Team::run(all_steps);
+  } else {
+    all_steps();
   }
 }
 
