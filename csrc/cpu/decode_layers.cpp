@@ -14,6 +14,7 @@
 #include "cpu/attention.h"
 #include "cpu/layer_folds.h"
 #include "cpu/linear.h"
+#include "cpu/switches.h"
 #include "cpu/team.h"
 #include "cpu/vec.h"
 #include "ops.h"
@@ -93,20 +94,6 @@ class SmallOpSplit {
  private:
   int64_t saved_;
 };
-
-// A 0/1 setting read at every call, on (1) by default; any other value is an error naming it.
-//   VLLM_CPU_DECODE_TEAM: the step in one parallel region, its loops handed to the region's
-//     spinning threads (team.h); 0: a region per loop.
-//   VLLM_CPU_DECODE_FOLD: rotary and the cache write folded into the attention's loop
-//     (rotary_cache_attention), and the norms and silu_and_mul into the packed linears' loops
-//     (layer_folds.h) where every linear of the step runs the packed tiles
-//     (linear_folds_apply); 0: each its own loop.
-bool switched_on(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || std::strcmp(v, "1") == 0) return true;
-  TORCH_CHECK(std::strcmp(v, "0") == 0, name, " must be 0 or 1, got '", v, "'");
-  return false;
-}
 
 bool linear_folds_apply(const at::Tensor& hidden, const std::vector<at::Tensor>& weights,
                         const std::vector<at::Tensor>& packed, int64_t num_layers,

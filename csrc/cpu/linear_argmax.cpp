@@ -2,12 +2,11 @@
 // the maximum, as numpy's argmax), for a greedy draft's next tokens without its fp32 logits: the
 // logits are made in the weights' dtype by linear_rows (the same values linear_small and
 // linear_packed give), and each thread of the linear's loop finds its chunk's maximum while
-// the columns are in its cache (a LinearFold; on the packed tiles), or a loop split as the
-// linear's does (elsewhere); the chunks' maxima are merged in column order. Where the logits went to fp32 and
+// the columns are in its cache (a LinearFold; on the packed tiles), or a loop over column chunks
+// does (elsewhere); the chunks' maxima are merged in column order. Where the logits went to fp32 and
 // numpy's argmax on the calling thread, a batch of 8 rows of a 49K vocabulary was a 1.5 MB pass
 // on one core.
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -66,9 +65,9 @@ Best span_max(const T* x, int64_t n0, int64_t n1) {
   return best;
 }
 
-// Each row's first maximum of logits' columns [n0, n1) (a chunk of a parallel loop, read by the
-// thread that wrote them where the loops split alike), into partial[p * rows + r] where the
-// chunk starts at panel p (kPackRows columns), and the panel after the chunk into next[p].
+// Each row's first maximum of logits' columns [n0, n1) (a chunk of a parallel loop), into
+// partial[p * rows + r] where the chunk starts at panel p (kPackRows columns), and the panel
+// after the chunk into next[p] (n0 a multiple of kPackRows).
 template <typename T>
 void chunk_max(const T* logits, int64_t ld, int64_t rows, int64_t n0, int64_t n1,
                std::vector<Best>& partial, std::vector<int64_t>& next) {
@@ -145,28 +144,19 @@ void linear_argmax(at::Tensor& out, const at::Tensor& input, const at::Tensor& w
       linear_rows(logits, input, weight, nullptr, &packed, &fold);
     } else {
       linear_rows(logits, input, weight, nullptr, packed.numel() > 0 ? &packed : nullptr);
-      // chunks of at least 2048 logits, split as the row-major kernels' loop splits the
-      // columns where the vocabulary is large (a thread then reads the logits it wrote): on
-      // the calling thread, a 16-core host's batch-1 argmax of a 32K-49K vocabulary cost
-      // 21-39 us beside a 70-360 us GEMV
-      const char* sw = std::getenv("VLLM_CPU_ARGMAX_SPLIT");  // TEMPORARY A/B
-      if (sw != nullptr && sw[0] == '0') {  // the former split: 4096 columns, 64K logits a thread
-        constexpr int64_t kChunk = 4096;
-        const int64_t chunks = (n_dim + kChunk - 1) / kChunk;
-        const int64_t g = std::max<int64_t>(1, (int64_t{1} << 16) / (kChunk * rows));
-        parallel_for(0, chunks, g, [&](int64_t begin, int64_t end) {
-          for (int64_t c = begin; c < end; ++c) {
-            chunk_max(l, n_dim, rows, c * kChunk, std::min(n_dim, (c + 1) * kChunk), partial,
-                      next);
-          }
-        });
-      } else {
-      const int64_t grain = std::max<int64_t>(1, (2048 / rows + kPackRows - 1) / kPackRows);
-      parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
-        chunk_max(l, n_dim, rows, begin * kPackRows, std::min(end * kPackRows, n_dim), partial,
-                  next);
+      // chunks of 4096 columns, at least 64K logits a thread: a row of a 32K-49K vocabulary
+      // on the calling thread (12-49 us beside 63-360 us of logits on a 16-core host,
+      // benchmarks/lab/cpu_lm_head_rows.py; split over all threads as the linear splits its
+      // columns instead, the step measured even: RESULTS.md, run 50)
+      constexpr int64_t kChunk = 4096;
+      const int64_t chunks = (n_dim + kChunk - 1) / kChunk;
+      const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (kChunk * rows));
+      parallel_for(0, chunks, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c) {
+          chunk_max(l, n_dim, rows, c * kChunk, std::min(n_dim, (c + 1) * kChunk), partial,
+                    next);
+        }
       });
-      }
     }
     merge(partial, next, rows, panels, o);
   });

@@ -484,9 +484,17 @@ def test_greedy_step_is_the_models_forward_and_argmax(shape, dtype, context_lens
             ref_tokens.append(step_ids)
         mine = [(k.clone(), v.clone()) for k, v in caches]
         tokens = cpu_decode.GreedyStep.build(model, mine)(ids, first, tables, steps, starts)
+        # all steps in one team region (the default) or each call its own regions
+        monkeypatch.setenv("VLLM_CPU_DECODE_TEAM", "0")
+        apart = [(k.clone(), v.clone()) for k, v in caches]
+        tokens_apart = cpu_decode.GreedyStep.build(model, apart)(ids, first, tables, steps,
+                                                                 starts)
+        monkeypatch.delenv("VLLM_CPU_DECODE_TEAM")
     assert torch.equal(tokens, torch.stack(ref_tokens))
-    for (k, v), (rk, rv) in zip(mine, ref_caches):
+    assert torch.equal(tokens_apart, tokens)
+    for (k, v), (rk, rv), (ka, va) in zip(mine, ref_caches, apart):
         assert torch.equal(k, rk) and torch.equal(v, rv)
+        assert torch.equal(ka, rk) and torch.equal(va, rv)
     monkeypatch.setenv("VLLM_CPU_DECODE_PATH", "native")
     untouched = [(k.clone(), v.clone()) for k, v in caches]
     with torch.inference_mode():

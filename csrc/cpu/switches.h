@@ -1,0 +1,26 @@
+// The CPU decode path's 0/1 settings, read at every call, on (1) by default; any other value is
+// an error naming it.
+//   VLLM_CPU_DECODE_TEAM: a decode_layers step, or all of a greedy_steps call's steps, in one
+//     parallel region, its loops handed to the region's spinning threads (team.h); 0: a region
+//     per loop.
+//   VLLM_CPU_DECODE_FOLD: rotary and the cache write folded into the attention's loop
+//     (rotary_cache_attention), and the norms and silu_and_mul into the packed linears' loops
+//     (layer_folds.h) where every linear of the step runs the packed tiles; 0: each its own
+//     loop.
+#pragma once
+
+#include <torch/all.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace vllm_cpu {
+
+inline bool switched_on(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || std::strcmp(v, "1") == 0) return true;
+  TORCH_CHECK(std::strcmp(v, "0") == 0, name, " must be 0 or 1, got '", v, "'");
+  return false;
+}
+
+}  // namespace vllm_cpu
