@@ -37,6 +37,8 @@ class LayerFold final : public LinearFold {
     buf.resize(static_cast<size_t>(2 * rows_ * hidden_));
     T* normed = buf.data();
     T* sums = first ? residual_out_ : normed + rows_ * hidden_;
+    warm.prefetch_rows(x_, rows_, hidden_, hidden_);
+    if (residual_ != nullptr) warm.prefetch_rows(residual_, rows_, hidden_, hidden_);
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t o = r * hidden_;
       warm.advance(hidden_);

@@ -49,14 +49,25 @@ void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T
 // arrive during the fold's arithmetic instead of after it (a folded 8-row norm is ~5-7 us of a
 // thread's time on a 16-core host, during which its weight stream was idle). VLLM_CPU_FOLD_WARM
 // (read at every call of run_panels): bytes prefetched per element of input made (0: none).
+// VLLM_CPU_INPUT_WARM (0/1, read likewise): a thread's input rows, which other cores wrote, all
+// requested at its chunk's start (prefetch_rows) instead of a tile's lines at a time.
 class PanelWarmer {
  public:
   PanelWarmer() = default;
   // streams panels at first, first + stride, ..., each limit bytes long
   PanelWarmer(const char* first, int streams, int64_t stride, int64_t limit,
-              int64_t bytes_per_elem)
-      : first_(first), streams_(streams), stride_(stride), limit_(limit),
+              int64_t bytes_per_elem, bool inputs)
+      : inputs(inputs), first_(first), streams_(streams), stride_(stride), limit_(limit),
         per_elem_(bytes_per_elem) {}
+  // Rows x rows of elems bf16 each, ld apart, requested into L2 (when `inputs`).
+  void prefetch_rows(const c10::BFloat16* x, int64_t rows, int64_t elems, int64_t ld) const {
+    if (!inputs) return;
+    for (int64_t r = 0; r < rows; ++r) {
+      const char* row = reinterpret_cast<const char*>(x + r * ld);
+      for (int64_t b = 0; b < elems * 2; b += 64) __builtin_prefetch(row + b, 0, 2);
+    }
+  }
+  const bool inputs = false;
   // The fold is about to make `elems` more elements of input: their share of the streams'
   // bytes, spread evenly over the streams, requested now.
   void advance(int64_t elems) {
@@ -149,8 +160,9 @@ void check_packed(const at::Tensor& packed, const at::Tensor& weight);
 // calling thread's next panels, if any, are pb + nb .. next_end (a kernel may prefetch them).
 class PanelKernel {
  public:
-  // packed: the packed copy the kernel reads (PanelWarmer's streams)
-  PanelKernel(int64_t most, const c10::BFloat16* packed) : most(most), packed(packed) {}
+  // packed: the packed copy the kernel reads (PanelWarmer's streams); rows: the input's rows
+  PanelKernel(int64_t most, const c10::BFloat16* packed, int64_t rows)
+      : most(most), packed(packed), rows(rows) {}
   virtual ~PanelKernel() = default;
   virtual void begin() const {}
   virtual void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
@@ -158,6 +170,7 @@ class PanelKernel {
   virtual void end() const {}
   const int64_t most;
   const c10::BFloat16* const packed;
+  const int64_t rows;
 };
 // A packed linear of n_dim outputs and k_dim inputs as one parallel loop over tasks of panels
 // (panels_per_task; at least ~32 KB of weights a thread), each thread's input rows from fold

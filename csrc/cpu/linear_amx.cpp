@@ -406,7 +406,7 @@ class AmxPanels final : public PanelKernel {
   AmxPanels(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* packed,
             const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim)
       : PanelKernel(m_dim <= kMaxRows ? kPackedPanels : m_dim <= kMaxPackedRows ? 2 : 1,
-                    packed),
+                    packed, m_dim),
         out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim), n_(n_dim),
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),

@@ -140,7 +140,7 @@ class PackedTiles final : public PanelKernel {
  public:
   PackedTiles(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* packed,
               const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim)
-      : PanelKernel(kPanels, packed), out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim),
+      : PanelKernel(kPanels, packed, m_dim), out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim),
         n_(n_dim), k_(k_dim) {}
   void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
            int64_t next_end) const override {
@@ -179,15 +179,15 @@ bool linear_packed_bf16(c10::BFloat16*, int64_t, const c10::BFloat16*, int64_t,
 
 namespace {
 
-// PanelWarmer's bytes per element of a fold's input (linear.h): 4 by default.
-int64_t fold_warm_bytes() {
-  const char* v = std::getenv("VLLM_CPU_FOLD_WARM");
-  if (v == nullptr) return 4;
+// PanelWarmer's settings (linear.h): a count, 0 for off; fallback where unset.
+int64_t warm_setting(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return fallback;
   char* end = nullptr;
-  const int64_t bytes = std::strtoll(v, &end, 10);
-  TORCH_CHECK(end != v && *end == '\0' && bytes >= 0,
-              "VLLM_CPU_FOLD_WARM must be a count of bytes (0: off), got '", v, "'");
-  return bytes;
+  const int64_t n = std::strtoll(v, &end, 10);
+  TORCH_CHECK(end != v && *end == '\0' && n >= 0, name, " must be a count (0: off), got '", v,
+              "'");
+  return n;
 }
 
 }  // namespace
@@ -204,21 +204,21 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
   // contiguous blocks of tasks per thread, at least ~32 KB of weights each
   const int64_t task_bytes = k_dim * 2 * kPackRows * per * (paired ? 2 : 1);
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / task_bytes);
-  const int64_t warm_bytes = fold != nullptr ? fold_warm_bytes() : 0;
+  const int64_t warm_bytes = fold != nullptr ? warm_setting("VLLM_CPU_FOLD_WARM", 4) : 0;
+  const bool input_warm = warm_setting("VLLM_CPU_INPUT_WARM", 1) != 0;
   const int64_t panel_bytes = (k_dim + 1) / 2 * 2 * kPackRows * 2;
   parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     int64_t ld = ldx;
     const c10::BFloat16* rows = nullptr;
-    if (fold != nullptr) {
-      const int64_t pb = begin * per;
-      PanelWarmer warm(reinterpret_cast<const char*>(kernel.packed) + pb * panel_bytes,
-                       static_cast<int>(std::min(per, span - pb)), panel_bytes, panel_bytes,
-                       warm_bytes);
-      rows = fold->input(begin == 0, &ld, warm);
-    }
+    const int64_t pb0 = begin * per;
+    PanelWarmer warm(reinterpret_cast<const char*>(kernel.packed) + pb0 * panel_bytes,
+                     static_cast<int>(std::min(per, span - pb0)), panel_bytes, panel_bytes,
+                     warm_bytes, input_warm);
+    if (fold != nullptr) rows = fold->input(begin == 0, &ld, warm);
     if (rows == nullptr) {
       rows = x;
       ld = ldx;
+      warm.prefetch_rows(x, kernel.rows, k_dim, ldx);
     }
     const int64_t next_end = std::min(end * per, span);  // this thread's panels' end
     kernel.begin();
