@@ -168,6 +168,15 @@ class PanelKernel {
   virtual void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
                    int64_t next_end) const = 0;
   virtual void end() const {}
+  // A kernel whose panels' k-steps can be summed in parts (run_panels' k split, where a loop's
+  // panels leave threads idle): its k-steps (0: none), the fp32 sums of panel pb over k-steps
+  // [s0, s1) into c (rows x 16 floats, 16 apart), and such sums (+ bias) written to out.
+  virtual int64_t k_steps() const { return 0; }
+  virtual void run_k(int64_t pb, int64_t s0, int64_t s1, const c10::BFloat16* x, int64_t ldx,
+                     float* c) const {
+    (void)pb, (void)s0, (void)s1, (void)x, (void)ldx, (void)c;
+  }
+  virtual void write(int64_t pb, const float* c) const { (void)pb, (void)c; }
   const int64_t most;
   const c10::BFloat16* const packed;
   const int64_t rows;
