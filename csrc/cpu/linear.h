@@ -61,7 +61,9 @@ class PanelWarmer {
         per_elem_(bytes_per_elem) {}
   // Rows x rows of elems bf16 each, ld apart, requested into L2 (when `inputs`).
   void prefetch_rows(const c10::BFloat16* x, int64_t rows, int64_t elems, int64_t ld) const {
-    if (!inputs) return;
+    if (inputs) request_rows(x, rows, elems, ld);
+  }
+  static void request_rows(const c10::BFloat16* x, int64_t rows, int64_t elems, int64_t ld) {
     for (int64_t r = 0; r < rows; ++r) {
       const char* row = reinterpret_cast<const char*>(x + r * ld);
       for (int64_t b = 0; b < elems * 2; b += 64) __builtin_prefetch(row + b, 0, 2);

@@ -227,7 +227,7 @@ void run_k_parts(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx,
   std::unique_ptr<std::atomic<int64_t>[]> done(new std::atomic<int64_t>[panels]);
   for (int64_t p = 0; p < panels; ++p) done[p].store(0, std::memory_order_relaxed);
   parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    PanelWarmer(nullptr, 0, 0, 0, 0, input_warm).prefetch_rows(x, kernel.rows, k_dim, ldx);
+    if (input_warm) PanelWarmer::request_rows(x, kernel.rows, k_dim, ldx);
     kernel.begin();
     for (int64_t t = begin; t < end;) {
       const int64_t p = t / parts, lo = t % parts, hi = std::min(parts, lo + (end - t));
