@@ -32,16 +32,13 @@ class LayerFold final : public LinearFold {
         act_(act != nullptr ? act->data_ptr<T>() : nullptr),
         lda_(act != nullptr ? act->stride(0) : 0), d_(act != nullptr ? act->size(1) : 0) {}
 
-  const T* input(bool first, int64_t* ld, PanelWarmer& warm) const override {
+  const T* input(bool first, int64_t* ld) const override {
     thread_local std::vector<T> buf;  // the normalised rows, then the sums (not `first`)
     buf.resize(static_cast<size_t>(2 * rows_ * hidden_));
     T* normed = buf.data();
     T* sums = first ? residual_out_ : normed + rows_ * hidden_;
-    warm.prefetch_rows(x_, rows_, hidden_, hidden_);
-    if (residual_ != nullptr) warm.prefetch_rows(residual_, rows_, hidden_, hidden_);
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t o = r * hidden_;
-      warm.advance(hidden_);
       if (residual_ == nullptr) {
         rms_norm_row(normed + o, x_ + o, weight_, hidden_, epsilon_);
         if (first) std::copy(x_ + o, x_ + o + hidden_, residual_out_ + o);

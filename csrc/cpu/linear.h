@@ -3,7 +3,6 @@
 
 #include <torch/all.h>
 
-#include <algorithm>
 #include <type_traits>
 
 // bf16 x bf16 dot products in one instruction (AVX512_BF16: Cooper Lake, Sapphire Rapids, Zen 4),
@@ -43,50 +42,6 @@ template <typename T>
 void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T* weight,
                        const T* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim);
 
-// What a fold asks of its thread's weight streams while it makes the thread's input rows: the
-// first bytes of the thread's first task's panels (streams side by side, as the packed kernels
-// read them: k in address order along each) prefetched into L2 a slice at a time, so that they
-// arrive during the fold's arithmetic instead of after it (a folded 8-row norm is ~5-7 us of a
-// thread's time on a 16-core host, during which its weight stream was idle). VLLM_CPU_FOLD_WARM
-// (read at every call of run_panels): bytes prefetched per element of input made (0: none).
-// VLLM_CPU_INPUT_WARM (0/1, read likewise): a thread's input rows, which other cores wrote, all
-// requested at its chunk's start (prefetch_rows) instead of a tile's lines at a time.
-class PanelWarmer {
- public:
-  PanelWarmer() = default;
-  // streams panels at first, first + stride, ..., each limit bytes long
-  PanelWarmer(const char* first, int streams, int64_t stride, int64_t limit,
-              int64_t bytes_per_elem, bool inputs)
-      : inputs(inputs), first_(first), streams_(streams), stride_(stride), limit_(limit),
-        per_elem_(bytes_per_elem) {}
-  // Rows x rows of elems bf16 each, ld apart, requested into L2 (when `inputs`).
-  void prefetch_rows(const c10::BFloat16* x, int64_t rows, int64_t elems, int64_t ld) const {
-    if (inputs) request_rows(x, rows, elems, ld);
-  }
-  static void request_rows(const c10::BFloat16* x, int64_t rows, int64_t elems, int64_t ld) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const char* row = reinterpret_cast<const char*>(x + r * ld);
-      for (int64_t b = 0; b < elems * 2; b += 64) __builtin_prefetch(row + b, 0, 2);
-    }
-  }
-  const bool inputs = false;
-  // The fold is about to make `elems` more elements of input: their share of the streams'
-  // bytes, spread evenly over the streams, requested now.
-  void advance(int64_t elems) {
-    if (streams_ == 0 || done_ >= limit_) return;
-    const int64_t end = std::min(limit_, done_ + elems * per_elem_ / streams_);
-    for (int64_t o = done_ & ~int64_t{63}; o < end; o += 64) {
-      for (int s = 0; s < streams_; ++s) __builtin_prefetch(first_ + s * stride_ + o, 0, 2);
-    }
-    done_ = (end + 63) & ~int64_t{63};
-  }
-
- private:
-  const char* first_ = nullptr;
-  int streams_ = 0;
-  int64_t stride_ = 0, limit_ = 0, per_elem_ = 0, done_ = 0;
-};
-
 // What decode_layers folds into a packed linear's parallel loop, so that each thread does it for
 // itself instead of the step handing over between cores once more (layer_folds.h): the norm
 // that makes the linear's input rows, and silu_and_mul of its two output halves (gate, up).
@@ -95,12 +50,10 @@ class LinearFold {
   virtual ~LinearFold() = default;
   // The input rows the calling thread reads (row stride in *ld), made on its first call in a
   // loop; nullptr: the linear's own input. first: the thread's chunk holds the loop's first
-  // task (what is written once, the residual, is written there). warm: advanced as the rows
-  // are made (PanelWarmer).
-  virtual const c10::BFloat16* input(bool first, int64_t* ld, PanelWarmer& warm) const {
+  // task (what is written once, the residual, is written there).
+  virtual const c10::BFloat16* input(bool first, int64_t* ld) const {
     (void)first;
     (void)ld;
-    (void)warm;
     return nullptr;
   }
   // Whether out's columns are two halves (gate, up) that a task computes together.
@@ -162,26 +115,13 @@ void check_packed(const at::Tensor& packed, const at::Tensor& weight);
 // calling thread's next panels, if any, are pb + nb .. next_end (a kernel may prefetch them).
 class PanelKernel {
  public:
-  // packed: the packed copy the kernel reads (PanelWarmer's streams); rows: the input's rows
-  PanelKernel(int64_t most, const c10::BFloat16* packed, int64_t rows)
-      : most(most), packed(packed), rows(rows) {}
+  explicit PanelKernel(int64_t most) : most(most) {}
   virtual ~PanelKernel() = default;
   virtual void begin() const {}
   virtual void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
                    int64_t next_end) const = 0;
   virtual void end() const {}
-  // A kernel whose panels' k-steps can be summed in parts (run_panels' k split, where a loop's
-  // panels leave threads idle): its k-steps (0: none), the fp32 sums of panel pb over k-steps
-  // [s0, s1) into c (rows x 16 floats, 16 apart), and such sums (+ bias) written to out.
-  virtual int64_t k_steps() const { return 0; }
-  virtual void run_k(int64_t pb, int64_t s0, int64_t s1, const c10::BFloat16* x, int64_t ldx,
-                     float* c) const {
-    (void)pb, (void)s0, (void)s1, (void)x, (void)ldx, (void)c;
-  }
-  virtual void write(int64_t pb, const float* c) const { (void)pb, (void)c; }
   const int64_t most;
-  const c10::BFloat16* const packed;
-  const int64_t rows;
 };
 // A packed linear of n_dim outputs and k_dim inputs as one parallel loop over tasks of panels
 // (panels_per_task; at least ~32 KB of weights a thread), each thread's input rows from fold

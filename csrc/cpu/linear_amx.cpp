@@ -252,13 +252,11 @@ inline void prefetch_streams(const c10::BFloat16* packed, int64_t panel, int64_t
 // operand (its 16 column pairs x 16 weight rows are the 1 KB at panel + 512 s: the tile layout
 // itself). C tile t = out[m][16 (pb + t) + n], m_dim rows x 16 fp32, stored to c + 256 t.
 // prefetch (VLLM_CPU_AMX_PREFETCH): each k-step prefetch_streams.
-// s0 > 0 or steps short of the panel's: a part of its k-steps, [s0, steps) (run_panels' k
-// split; next_end pb + NB then, nothing of another pass prefetched).
 template <int NB>
 VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t ldx,
                                        const c10::BFloat16* packed, int64_t pairs,
                                        int64_t steps, int64_t pb, bool prefetch,
-                                       int64_t next_end, int64_t s0 = 0) {
+                                       int64_t next_end) {
   static_assert(NB >= 1 && NB <= kPackedPanels, "4 accumulator tiles");
   _tile_zero(0);
   if constexpr (NB > 1) _tile_zero(1);
@@ -266,7 +264,7 @@ VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t
   if constexpr (NB > 3) _tile_zero(3);
   const c10::BFloat16* b0 = packed + pb * pairs * 2 * kPackRows;
   const int64_t panel = pairs * 2 * kPackRows;  // elements per panel
-  for (int64_t s = s0; s < steps; ++s) {
+  for (int64_t s = 0; s < steps; ++s) {
     if (prefetch) prefetch_streams<NB>(packed, panel, steps, pb, next_end, s);
     _tile_loadd(4, x + s * kTileK, ldx * 2);
     const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
@@ -407,8 +405,7 @@ class AmxPanels final : public PanelKernel {
  public:
   AmxPanels(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* packed,
             const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim)
-      : PanelKernel(m_dim <= kMaxRows ? kPackedPanels : m_dim <= kMaxPackedRows ? 2 : 1,
-                    packed, m_dim),
+      : PanelKernel(m_dim <= kMaxRows ? kPackedPanels : m_dim <= kMaxPackedRows ? 2 : 1),
         out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim), n_(n_dim),
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),
@@ -463,17 +460,6 @@ class AmxPanels final : public PanelKernel {
   }
 
   void end() const override { release_tiles(); }
-
-  int64_t k_steps() const override { return m_ <= kMaxRows ? steps_ : 0; }
-
-  void run_k(int64_t pb, int64_t s0, int64_t s1, const c10::BFloat16* x, int64_t ldx,
-             float* c) const override {
-    packed_panels_amx<1>(c, x, ldx, packed_, pairs_, s1, pb, prefetch_, pb + 1, s0);
-  }
-
-  void write(int64_t pb, const float* c) const override {
-    write_panels(out_, ldo_, c, bias_, m_, n_, pb, 1);
-  }
 
  private:
   c10::BFloat16* out_;

@@ -15,14 +15,9 @@
 
 #include <ATen/Parallel.h>
 
-#include <atomic>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <vector>
 
 #include "core/checks.h"
-#include "cpu/switches.h"
 #include "cpu/team.h"
 #include "ops.h"
 
@@ -144,7 +139,7 @@ class PackedTiles final : public PanelKernel {
  public:
   PackedTiles(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* packed,
               const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim)
-      : PanelKernel(kPanels, packed, m_dim), out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim),
+      : PanelKernel(kPanels), out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim),
         n_(n_dim), k_(k_dim) {}
   void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
            int64_t next_end) const override {
@@ -181,83 +176,6 @@ bool linear_packed_bf16(c10::BFloat16*, int64_t, const c10::BFloat16*, int64_t,
 }
 #endif
 
-namespace {
-
-// PanelWarmer's settings (linear.h): a count, 0 for off; fallback where unset.
-int64_t warm_setting(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return fallback;
-  char* end = nullptr;
-  const int64_t n = std::strtoll(v, &end, 10);
-  TORCH_CHECK(end != v && *end == '\0' && n >= 0, name, " must be a count (0: off), got '", v,
-              "'");
-  return n;
-}
-
-// How many parts each panel's k-steps are cut into (1, 2 or 4) so that a loop of few panels a
-// thread leaves none idle: SmolLM2's o and down projections, 36 panels on 16 threads, left 4
-// threads idle and 12 with 3 panels; in quarters, 144 parts give every thread 2.25 panels.
-// busiest: the most panels a thread has unsplit (panels_per_task's).
-int64_t k_parts(int64_t panels, int64_t busiest, int64_t threads, int64_t k_steps) {
-  int64_t best = 1, best_quarters = 4 * busiest;
-  for (int64_t parts : {2, 4}) {
-    if (k_steps < 2 * parts) break;
-    const int64_t quarters = (panels * parts + threads - 1) / threads * (4 / parts);
-    if (quarters < best_quarters) {
-      best = parts;
-      best_quarters = quarters;
-    }
-  }
-  return best;
-}
-
-// run_panels with each panel's k-steps in `parts` parts (k_parts): a thread's chunk of parts
-// runs its whole panels as usual and its parts of the panels it shares into slots, fp32; the
-// thread that finishes a panel's last part adds its slots in k order and writes the panel.
-void run_k_parts(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx,
-                 int64_t k_dim, int64_t panels, int64_t parts, bool input_warm) {
-  const int64_t steps = kernel.k_steps(), tasks = panels * parts;
-  constexpr int64_t kSlot = 16 * kPackRows;  // a part's sums: up to 16 rows x 16 columns
-  // the calling thread's, kept between calls (a lambda naming a thread_local would read the
-  // running thread's own: a reference first)
-  thread_local std::vector<float> slots_kept;
-  std::vector<float>& slots = slots_kept;
-  if (static_cast<int64_t>(slots.size()) < tasks * kSlot) slots.resize(tasks * kSlot);
-  std::vector<int64_t> next(tasks);  // a slot's part's end: the panel's next slot
-  std::unique_ptr<std::atomic<int64_t>[]> done(new std::atomic<int64_t>[panels]);
-  for (int64_t p = 0; p < panels; ++p) done[p].store(0, std::memory_order_relaxed);
-  parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    if (input_warm) PanelWarmer::request_rows(x, kernel.rows, k_dim, ldx);
-    kernel.begin();
-    for (int64_t t = begin; t < end;) {
-      const int64_t p = t / parts, lo = t % parts, hi = std::min(parts, lo + (end - t));
-      if (lo == 0 && hi == parts) {  // whole panels, up to kernel.most a pass
-        int64_t q = p + 1;
-        while (q - p < kernel.most && (q + 1) * parts <= end) ++q;
-        kernel.run(p, static_cast<int>(q - p), x, ldx, end / parts);
-        t = q * parts;
-        continue;
-      }
-      float* c = slots.data() + t * kSlot;
-      kernel.run_k(p, lo * steps / parts, hi * steps / parts, x, ldx, c);
-      next[t] = p * parts + hi;
-      if (done[p].fetch_add(hi - lo, std::memory_order_acq_rel) + (hi - lo) == parts) {
-        alignas(64) float sum[kSlot];
-        std::copy(slots.data() + p * parts * kSlot, slots.data() + (p * parts + 1) * kSlot, sum);
-        for (int64_t i = next[p * parts]; i < (p + 1) * parts; i = next[i]) {
-          const float* part = slots.data() + i * kSlot;
-          for (int64_t e = 0; e < kernel.rows * kPackRows; ++e) sum[e] += part[e];
-        }
-        kernel.write(p, sum);
-      }
-      t = p * parts + hi;
-    }
-    kernel.end();
-  });
-}
-
-}  // namespace
-
 void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, int64_t n_dim,
                 int64_t k_dim, const LinearFold* fold) {
   const int64_t panels = (n_dim + kPackRows - 1) / kPackRows;
@@ -265,35 +183,17 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
   TORCH_CHECK(!paired || n_dim % (2 * kPackRows) == 0, "a paired fold takes whole panels in ",
               "each half of the output, got ", n_dim, " columns");
   const int64_t span = paired ? panels / 2 : panels;  // the panels tasks are cut from
-  const int64_t threads = at::get_num_threads();
-  const int64_t per = panels_per_task(span, kernel.most, threads);
+  const int64_t per = panels_per_task(span, kernel.most, at::get_num_threads());
   const int64_t tasks = (span + per - 1) / per;
-  const bool input_warm = switched_on("VLLM_CPU_INPUT_WARM");
-  if (fold == nullptr && switched_on("VLLM_CPU_SPLIT_K")) {
-    const int64_t parts =
-        k_parts(panels, per * ((tasks + threads - 1) / threads), threads, kernel.k_steps());
-    if (parts > 1) {
-      run_k_parts(kernel, x, ldx, k_dim, panels, parts, input_warm);
-      return;
-    }
-  }
   // contiguous blocks of tasks per thread, at least ~32 KB of weights each
   const int64_t task_bytes = k_dim * 2 * kPackRows * per * (paired ? 2 : 1);
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / task_bytes);
-  const int64_t warm_bytes = fold != nullptr ? warm_setting("VLLM_CPU_FOLD_WARM", 4) : 0;
-  const int64_t panel_bytes = (k_dim + 1) / 2 * 2 * kPackRows * 2;
   parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     int64_t ld = ldx;
-    const c10::BFloat16* rows = nullptr;
-    const int64_t pb0 = begin * per;
-    PanelWarmer warm(reinterpret_cast<const char*>(kernel.packed) + pb0 * panel_bytes,
-                     static_cast<int>(std::min(per, span - pb0)), panel_bytes, panel_bytes,
-                     warm_bytes, input_warm);
-    if (fold != nullptr) rows = fold->input(begin == 0, &ld, warm);
+    const c10::BFloat16* rows = fold != nullptr ? fold->input(begin == 0, &ld) : nullptr;
     if (rows == nullptr) {
       rows = x;
       ld = ldx;
-      warm.prefetch_rows(x, kernel.rows, k_dim, ldx);
     }
     const int64_t next_end = std::min(end * per, span);  // this thread's panels' end
     kernel.begin();

@@ -146,36 +146,3 @@ def test_linear_packed_panels_per_task(amx, prefetch, threads, m, n, k, monkeypa
             out, x, w, ops.pack_linear(w), b), m, n, k)
     finally:
         torch.set_num_threads(saved)
-
-
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="the packed AMX tiles split k")
-@pytest.mark.parametrize("split", ["1", "0"])
-@pytest.mark.parametrize("threads", [2, 5, 7, 16])
-@pytest.mark.parametrize("m", [1, 8, 16])
-# 36 panels (SmolLM2's o and down: 16 threads take quarters of them), 5 and 3 panels
-@pytest.mark.parametrize("n,k", [(576, 1536), (576, 576), (80, 256), (48, 128)])
-def test_linear_packed_k_parts(split, threads, m, n, k, monkeypatch):
-    """Where a loop's panels leave threads idle, the AMX tiles sum each panel's k-steps in 2 or
-    4 parts (VLLM_CPU_SPLIT_K), the parts a thread shares with another added in k order by the
-    last to finish: the reference's sums at every thread count, whichever thread a panel's
-    parts fall to, with a bias and strided rows."""
-    monkeypatch.setenv("VLLM_CPU_AMX", "all")
-    monkeypatch.setenv("VLLM_CPU_SPLIT_K", split)
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        check_strided_bf16_linear("linear_packed k parts", lambda out, x, w, b: ops.linear_packed(
-            out, x, w, ops.pack_linear(w), b), m, n, k)
-    finally:
-        torch.set_num_threads(saved)
-
-
-def test_split_k_setting_is_checked(monkeypatch):
-    """VLLM_CPU_SPLIT_K, read at each packed call, takes 0 or 1; anything else names it."""
-    if not ops.pack_linear(torch.randn(64, 64, dtype=torch.bfloat16)).numel():
-        pytest.skip("no packed weights on this CPU")
-    monkeypatch.setenv("VLLM_CPU_SPLIT_K", "yes")
-    w = torch.randn(64, 64, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="VLLM_CPU_SPLIT_K must be 0 or 1"):
-        ops.linear_packed(torch.empty(8, 64, dtype=torch.bfloat16),
-                          torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
