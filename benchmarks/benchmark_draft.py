@@ -285,8 +285,9 @@ def print_summary(rows: list[dict], picks: dict) -> None:
     """Per model, dtype and path: the best thread count's batch-1 ms over its floor, and batch
     b's ms over batch 1's at the same count, beside the ratio of their floors (what the weight
     and KV bytes alone allow: batch b reads b sequences' KV) and batch b's own ms over its
-    floor (where batch 1 runs below its floor, a model whose weights stay in the CPU's caches,
-    batch b can sit at its floor and still be more than the floors' ratio over batch 1)."""
+    floor (where batch 1 runs below its floor, part of a small model's weights still in the
+    CPU's caches, batch b can sit at its floor and still be more than the floors' ratio over
+    batch 1)."""
     print("\n== summary: x floor at batch 1 (best threads; start-up pick), batch b / batch 1 "
           "(of their floors; batch b x its floor)")
     keys = sorted({(r["model"], r["dtype"], r["path"]) for r in rows})
