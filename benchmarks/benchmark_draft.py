@@ -293,21 +293,22 @@ def print_summary(rows: list[dict], picks: dict) -> None:
     keys = sorted({(r["model"], r["dtype"], r["path"]) for r in rows})
     for model, dtype, path in keys:
         mine = [r for r in rows if (r["model"], r["dtype"], r["path"]) == (model, dtype, path)]
-        ones = [r for r in mine if r["batch_size"] == 1] or mine
+        low = min(r["batch_size"] for r in mine)  # 1, unless no batch-1 row was run
+        ones = [r for r in mine if r["batch_size"] == low]
         best = min(ones, key=lambda r: r["ms_per_forward"])
         at_pick = [r for r in ones if r["threads"] == picks.get((model, dtype))]
         pick_txt = (f"{at_pick[0]['ms_per_forward'] / at_pick[0]['floor_ms']:.2f}x at "
                     f"{at_pick[0]['threads']}" if at_pick else "pick not run")
         ratios = []
         for r in mine:
-            if r["batch_size"] != 1 and r["threads"] == best["threads"]:
-                ratios.append(f"b{r['batch_size']}/b1 "
+            if r["batch_size"] != low and r["threads"] == best["threads"]:
+                ratios.append(f"b{r['batch_size']}/b{low} "
                               f"{r['ms_per_forward'] / best['ms_per_forward']:.2f} (floors "
                               f"{r['floor_ms'] / best['floor_ms']:.2f}; "
                               f"{r['ms_per_forward'] / r['floor_ms']:.2f}x its floor)")
         print(f"{model:<14} {dtype:<9} {path:<6} {best['ms_per_forward']:6.3f} ms = "
               f"{best['ms_per_forward'] / best['floor_ms']:.2f}x floor at {best['threads']} thr "
-              f"({pick_txt}); {', '.join(ratios) or '-'}")
+              f"{'' if low == 1 else f'(batch {low}) '}({pick_txt}); {', '.join(ratios) or '-'}")
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -249,3 +249,7 @@ def test_draft_summary_sets_batch_ratios_beside_their_floors(capsys):
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert "1.000 ms = 2.00x floor at 2 thr (5.00x at 4)" in line
     assert line.endswith("b8/b1 1.60 (floors 1.50; 2.13x its floor)")
+    # without batch-1 rows: the smallest batch run, named, and no ratio to itself
+    print_summary([r for r in rows if r["batch_size"] == 8], {("m", "bfloat16"): 2})
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.endswith("1.600 ms = 2.13x floor at 2 thr (batch 8) (2.13x at 2); -")
