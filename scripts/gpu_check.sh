@@ -44,8 +44,9 @@
 #   the host's batch-8 / batch-1 bar stays open (run 51: draft-20m 1.66, llama-68m 1.35,
 #   SmolLM2 1.55; draft-20m's and llama-68m's batch 8 already at 1.01x / 0.92x its floor, the
 #   bar asking 0.79x / 0.89x at context 256). First: `git revert d439697` (brings back the three
-#   changes that branch host-ab/warm-splitk ends with) and time them in turns on the three
-#   shapes, DRAFT_SETTINGS=
+#   changes that branch host-ab/warm-splitk ends with; run 54: their tests pass on an AMX host,
+#   10 forwards a setting could not time them) and time them in turns, 30+ forwards, on the
+#   three shapes at batch 1 and 8, DRAFT_SETTINGS=
 #   "base:VLLM_CPU_FOLD_WARM=0,VLLM_CPU_INPUT_WARM=0,VLLM_CPU_SPLIT_K=0;all:VLLM_CPU_FOLD_WARM=4,
 #   VLLM_CPU_INPUT_WARM=1,VLLM_CPU_SPLIT_K=1" and each alone, with its test_linear_packed.py
 #   (the k split's test) and test_cpu_decode.py; keep what measures. Then a row at a short
