@@ -40,7 +40,7 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the twenty-ninth session, which had no machine (RESULTS.md):
+#   (the next lease's plan, after the twenty-ninth session, one short lease (RESULTS.md):
 #   the host's batch-8 / batch-1 bar stays open (run 51: draft-20m 1.66, llama-68m 1.35,
 #   SmolLM2 1.55; draft-20m's and llama-68m's batch 8 already at 1.01x / 0.92x its floor, the
 #   bar asking 0.79x / 0.89x at context 256). First: `git revert d439697` (brings back the three
