@@ -15,8 +15,11 @@ from torch.utils.cpp_extension import load
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(HERE, "..", "..", "csrc")
-with open("/proc/cpuinfo") as f:
-    AVX512 = " avx512bw" in f.read()
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+from vllm import _custom_ops as ops  # noqa: E402
+
+# the row functions built for the ISA the extension's own were (cmake/cpu_isa.cmake)
+AVX512 = ops.cpu_isa() == "avx512"
 DEFS = (["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw",
          "-mavx512vl", "-mavx512dq"] if AVX512 else ["-DCPU_CAPABILITY=AVX2",
                                                       "-DCPU_CAPABILITY_AVX2"])
