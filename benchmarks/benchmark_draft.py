@@ -98,8 +98,20 @@ def restore_environ(saved: dict) -> None:
 def mean_context(args) -> int:
     """The timed forwards' mean context: args.context, and the tokens the forwards before them
     drafted (every setting's, args.steps a call) until the middle of the timed ones."""
+    if getattr(args, "hold_context", False):
+        return args.context + args.steps // 2  # each call's forwards read context + 0..steps-1
     settings = len(parse_settings(args.settings))
     return args.context + args.steps * settings * (args.warmup + args.num_forwards) // 2
+
+
+def hold_context(draft: DraftModelProposer, reqs: list, context: int) -> None:
+    """--hold-context: each sequence back to its context and the token drawn after it, the KV of
+    the context kept, so that the next call's forwards run where this call's did (their KV
+    slots written again) and every timed forward reads the same context."""
+    for req in reqs:
+        seq = draft.seqs[req.req_id]
+        del seq.token_ids[context + 1:]
+        seq.num_computed_tokens = context
 
 
 def time_forwards(draft: DraftModelProposer, args, batch_size: int,
@@ -159,6 +171,8 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
             start = time.perf_counter()
             draft._draft(reqs, [args.steps] * len(reqs))
             times[which].append((time.perf_counter() - start) * 1e3 / args.steps)
+            if getattr(args, "hold_context", False):
+                hold_context(draft, reqs, args.context)
     cpu_decode.stage_ms = None
     del draft.runner.prepare_inputs
     ops.linear_argmax = linear_argmax
@@ -273,7 +287,8 @@ def main(args) -> dict:
     os.environ.pop("VLLM_CPU_DECODE_PATH", None)
     print_summary(rows, picks)
     result = {"provenance": provenance(), "model": args.model, "context": args.context,
-              "mean_context": mean_context(args), "steps": args.steps,
+              "hold_context": args.hold_context, "mean_context": mean_context(args),
+              "steps": args.steps,
               "max_rows_of_fused_path": cpu_decode.MAX_ROWS,
               "start_up_threads": {f"{m}/{d}": n for (m, d), n in picks.items()}, "rows": rows}
     write_json(args.output_json, result, args)
@@ -322,6 +337,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--paths", default="fused,native",
                         help="CPU decode paths to time: fused and/or native")
     parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--hold-context", action="store_true",
+                        help="every timed call at --context (each sequence set back after "
+                             "it), instead of the context growing by the forwards before it")
     parser.add_argument("--num-forwards", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--steps", type=int, default=1,

@@ -220,6 +220,48 @@ def test_time_forwards_alternates_settings(monkeypatch):
     assert bd.cpu_decode.stage_ms is None
 
 
+@pytest.mark.parametrize("hold", [False, True])
+def test_hold_context_times_every_call_at_the_context(hold):
+    """--hold-context sets each sequence back to its context (and the token drawn after it)
+    after every call, so each call starts where the first did; without it the context grows by
+    the steps of every call before; mean_context says which."""
+    import types
+    from benchmarks import benchmark_draft as bd
+    starts = []
+
+    class Draft:
+        config = types.SimpleNamespace(hf_config=types.SimpleNamespace(vocab_size=10))
+        block_manager = types.SimpleNamespace(grow=lambda ids, n: True)
+        runner = types.SimpleNamespace(prepare_inputs=lambda: None)
+
+        def __init__(self):
+            self.seqs = {}
+
+        def propose(self, reqs, ks):  # the context's forward: its tokens and one drawn
+            for r in reqs:
+                self.seqs[r.req_id] = types.SimpleNamespace(
+                    block_ids=[], token_ids=list(r.prompt_token_ids) + [7],
+                    num_computed_tokens=len(r.prompt_token_ids))
+            return types.SimpleNamespace(result=lambda: None)
+
+        def _draft(self, reqs, ks):
+            for r, k in zip(reqs, ks):
+                seq = self.seqs[r.req_id]
+                starts.append((len(seq.token_ids), seq.num_computed_tokens))
+                seq.token_ids += [1] * k
+                seq.num_computed_tokens += k
+
+        def free(self, req_id):
+            self.seqs.pop(req_id)
+
+    args = types.SimpleNamespace(context=5, num_forwards=3, warmup=1, steps=2,
+                                 settings="default", hold_context=hold)
+    bd.time_forwards(Draft(), args, 2)
+    grown = [(6 + 2 * i, 5 + 2 * i) for i in range(3) for _ in range(2)]
+    assert starts == ([(6, 5)] * 6 if hold else grown)
+    assert bd.mean_context(args) == (6 if hold else 5 + 2 * 4 // 2)
+
+
 def test_profile_prefill(tmp_path, tiny_llama):
     """A prompt's step alone and beside decoding requests (the mixed step): the engine's step
     time, its phases and the profiler's ops are recorded."""
