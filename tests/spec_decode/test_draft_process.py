@@ -96,6 +96,9 @@ def test_the_controller_hears_whether_drafts_made_ahead_were_used(reference, spe
                         lambda self, req_id, k, used: heard.append((k, used)))
     engine = spec_engine(spec_target, spec_target, speculative_draft_ahead="on",
                          speculative_adaptive="on")
+    # k from K at once, as over a GPU target: climbing (a CPU target's explore_upward), a step
+    # after a smaller k's drafts ahead hears its guess right but drafts its larger k afresh
+    engine.spec.controller.explore_upward = False
     from_ahead = []
     receive = engine.proposer._receive
     engine.proposer._receive = lambda empty: (lambda p: from_ahead.append(p.num_from_ahead)

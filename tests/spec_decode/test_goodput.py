@@ -207,6 +207,58 @@ def test_a_request_gone_plain_is_probed_again_however_long_its_history():
     assert probes_at and probes_at[0] < 60
 
 
+def cpu_like(n: int) -> float:  # compute-bound target: every token costs the same
+    return 10e-3 * n
+
+
+def test_a_cpu_target_climbs_k_by_octaves_of_measured_verification_sizes():
+    """Exploring upward (a CPU target), a step's tokens are at most twice the largest
+    verification size measured, so the first speculative steps draft 1 each where the
+    configured K (the verification priced flat before it is measured) drafted 4 and paid 5
+    plain steps' time for it, twice; once the curve measures the growth, both go plain."""
+    draft = lambda b: 2e-3 * b  # noqa: E731
+    upward = GoodputController(max_k=4, explore_upward=True)
+    rate_up, ks_up = simulate(upward, 0.95, cpu_like, draft, batch=4, steps=30)
+    rate_k, ks_k = simulate(GoodputController(max_k=4), 0.95, cpu_like, draft, batch=4, steps=30)
+    assert ks_k[:4] == [0, 0, 4, 4] and ks_up[:4] == [0, 0, 1, 1]  # each size measured twice
+    assert set(ks_up[4:]) == set(ks_k[4:]) == {0}
+    plain = 4 / cpu_like(4)  # tokens per second of plain steps: 30 steps within 2% of it
+    assert rate_up > 0.98 * plain and rate_k < 0.94 * plain
+    # where the verification is flat (a GPU's) the climb reaches K within a few steps
+    flat = GoodputController(max_k=4, explore_upward=True)
+    _, ks = simulate(flat, 0.95, gpu_like, lambda b: 1e-3, batch=4, steps=60)
+    first = next(i for i, k in enumerate(ks) if k > 0)
+    assert ks[first] == 1 and 4 in ks[:first + 8] and ks[-20:].count(4) >= 18
+    # the reach: twice the largest size whose bucket counts, at least 1, at most K
+    assert flat.reach(4) == 4 and upward.reach(4) == 3  # 8 tokens measured: up to 16
+    assert GoodputController(max_k=4, explore_upward=True).reach(8) == 1
+    assert GoodputController(max_k=4).reach(8) == 4
+
+
+def test_a_speculative_step_that_caught_up_prices_the_first_probe():
+    """A speculative step whose drafter first caught up on the prompts (or after plain steps)
+    measures a catch-up's cost per token before any probe has: the first probe is then priced
+    by the tokens it would catch up on instead of at the model's one draft forward."""
+    ctrl = GoodputController(max_k=4)
+    ids = [f"r{i}" for i in range(4)]
+    for _ in range(2):  # plain steps measured
+        ctrl.record_step(ctrl.decide(ids, seeded=False), 4, 4, 0.0, 0.15, False)
+    d = ctrl.decide(ids, seeded=False, catch_up_tokens=40)
+    assert d.k > 0 and ctrl.probe_cost_per_token is None
+    # 0.5 s of proposal for 40 tokens caught up (the draft forward unmeasured: taken as free)
+    ctrl.record_step(d, 4, 4 * (d.k + 1), 0.5, 1.3, False)
+    assert ctrl.probe_cost_per_token == pytest.approx(0.5 / 40)
+    ctrl.catch_up_tokens = 160
+    assert ctrl._probe_cost(4) >= 160 * 0.5 / 40
+    # a step caught up (drafter measured) or one that caught up on a token or two prices none
+    other = GoodputController(max_k=4)
+    for _ in range(2):
+        other.record_step(other.decide(ids, seeded=False), 4, 4, 0.0, 0.15, False)
+    d = other.decide(ids, seeded=False, catch_up_tokens=4)
+    other.record_step(d, 4, 4 * (d.k + 1), 0.5, 1.3, False)
+    assert other.probe_cost_per_token is None
+
+
 def fed_share(ctrl: GoodputController, draft_cost: float) -> tuple[float, int]:
     """Runs a controller learning a never-accepted draft 300 steps, then 600 more; returns the
     share of those plain steps in which it asked for the drafter to be fed, and their number."""

@@ -49,6 +49,16 @@ batch while the drafter drafts the other half, then the halves swap; it takes
 for half the batch's tokens, and is chosen when that models more goodput than any unsplit k
 (by SPLIT_MARGIN): when drafting a whole batch costs about as much as verifying it.
 
+Exploring upward (`explore_upward`, a target on the CPU): an unmeasured verification size is
+read from the sizes measured (flat beyond the largest), which on a GPU, memory-bound up to
+dozens of tokens, is close; a CPU target's verification is bound by its multiply-adds from a few
+rows, each token costing about the same (2-core AVX2 EPYC, Qwen2.5-Coder-1.5B at batch 4: 155
+ms a plain step, 850 ms a verification of 4 x 5 tokens), so a first choice of the configured K
+priced 5x too cheap paid its 5x twice before its bucket counted. There k is chosen only where
+the step's tokens are at most twice the largest verification size measured (its bucket
+counting), so each new size costs at most about twice a measured one and the curve's slope,
+once two sizes count, prices the rest.
+
 What the model leaves out (a prefill beside the verification, the engine's work per emitted
 token, the extra prefill steps of staggered finishes) the realized-goodput guard weighs
 (realized.py): a choice to speculate stands only where speculating steps, timed end to end,
@@ -133,6 +143,10 @@ class CostCurve:
         self._ys_max = list(itertools.accumulate(self._ys, max))
         self._estimates.clear()
 
+    def largest_measured(self) -> Optional[float]:
+        """The mean size of the largest bucket that counts (None: none does)."""
+        return self._xs[-1] if self._xs else None
+
     def measured(self, size: float) -> bool:
         """Whether size's bucket counts (holds two measurements or more)."""
         return self._bucket(size) in self._bucket_points
@@ -211,7 +225,7 @@ class GoodputController:
 
     def __init__(self, max_k: int, prior_acceptance: float = 0.6, prior_weight: float = 2.0,
                  decay: float = 0.98, probe_fraction: float = 0.03,
-                 draft_ahead_overlaps: bool = False) -> None:
+                 draft_ahead_overlaps: bool = False, explore_upward: bool = False) -> None:
         self.max_k = max_k
         self.prior_acceptance = prior_acceptance
         self.prior_weight = prior_weight
@@ -220,6 +234,9 @@ class GoodputController:
         # the draft runs on another device than the target: drafting ahead overlaps the
         # verification (else the engine does not draft ahead, or it is forced on)
         self.draft_ahead_overlaps = draft_ahead_overlaps
+        # the target's verification grows with its tokens (a CPU target): k climbs by octaves
+        # of measured verification sizes (reach)
+        self.explore_upward = explore_upward
         self.t_draft = CostCurve()  # one later draft forward, by drafting requests
         self.t_first = CostCurve()  # a proposal's wait less its later forwards, by requests
         self.t_verify = CostCurve()  # the step less drafting, by tokens
@@ -310,6 +327,15 @@ class GoodputController:
         propose = self.propose_seconds_by_k(batch)
         return [plain] + [propose[k] + max(plain, verify(batch * (k + 1)))
                           for k in range(1, self.max_k + 1)]
+
+    def reach(self, batch: int) -> int:
+        """The largest k a step of batch requests may choose: max_k, or exploring upward, the
+        largest whose tokens, batch * (k + 1), are at most twice the largest verification size
+        measured (1 at least)."""
+        if not self.explore_upward:
+            return self.max_k
+        largest = self.t_verify.largest_measured() or batch
+        return max(1, min(self.max_k, int(2 * largest) // batch - 1))
 
     def split_step_seconds(self, k: int, batch: int) -> Optional[float]:
         """Modelled seconds of a split step: half the batch is verified (k drafts each) while
@@ -431,9 +457,10 @@ class GoodputController:
             if t is not None and tokens[i] / t > rates[i]:
                 rates[i], ahead[i] = tokens[i] / t, True
         plain = rates[0]
-        self.best_spec_ratio = max(rates[1:], default=0.0) / plain
-        k = max(range(len(rates)), key=lambda i: (rates[i], -i))
-        split = self._best_split(batch, tokens)
+        reach = self.reach(batch)
+        self.best_spec_ratio = max(rates[1:reach + 1], default=0.0) / plain
+        k = max(range(reach + 1), key=lambda i: (rates[i], -i))
+        split = self._best_split(batch, tokens, reach)
         if split is not None and split[1] > rates[k] * (1 + SPLIT_MARGIN):
             return Decision(split[0], False, False, split[1] / plain, split=True)
         if k > 0:
@@ -480,13 +507,15 @@ class GoodputController:
         seconds = self.step_seconds_by_k(batch)
         return 0.0 if seconds is None else seconds[1] - seconds[0]
 
-    def _best_split(self, batch: int, tokens: list[float]) -> Optional[tuple[int, float]]:
-        """(k, modelled tokens/s) of the best split step, or None when splitting is not an
-        option (fewer than 2 decoding requests, no draft process) or not modelled yet."""
+    def _best_split(self, batch: int, tokens: list[float],
+                    reach: int) -> Optional[tuple[int, float]]:
+        """(k <= reach, modelled tokens/s) of the best split step, or None when splitting is
+        not an option (fewer than 2 decoding requests, no draft process) or not modelled
+        yet."""
         if not self.can_split or batch < 2:
             return None
         best = None
-        for k in range(1, self.max_k + 1):
+        for k in range(1, reach + 1):
             rate = self.split_goodput(k, batch, tokens)
             if rate is not None and (best is None or rate > best[1]):
                 best = (k, rate)
@@ -532,8 +561,16 @@ class GoodputController:
                 # token since: what it cost beyond the model's probe, per caught-up token
                 # (medians of the last probes)
                 beyond = max(0.0, extra - self._modelled_probe_cost(num_decoding))
-                self._probes.append(beyond / max(self.catch_up_tokens, num_decoding))
-                self.probe_cost_per_token = statistics.median_low(self._probes)
+                self._record_catch_up(beyond / max(self.catch_up_tokens, num_decoding))
+        elif (decision.k > 0 and not draft_measured and not ahead_hit and draft_s > 0
+              and self.catch_up_tokens >= 2 * num_decoding):
+            # a speculative step whose drafter caught up first (on the prompts, after plain
+            # steps) prices a probe's catch-up too, before any probe has: its proposal beyond
+            # the model's, per caught-up token (2-core CPU, a 0.5B draft beside a 1.5B target
+            # on the same cores: ~7-12 ms a token; priced at nothing, the first probe after
+            # 40 plain steps caught up on 163 tokens in 1.15 s, 7 plain steps' time)
+            beyond = max(0.0, draft_s - self.propose_seconds(decision.k, num_decoding))
+            self._record_catch_up(beyond / self.catch_up_tokens)
         self.t_verify.record(num_tokens, max(step_s - draft_s, 0.0))
         if decision.k > 0 and ahead_hit and not decision.split:
             self.t_hit.record(num_decoding, max(draft_s - queued_s, 0.0))
@@ -542,6 +579,12 @@ class GoodputController:
                                   drafter_s, first_forward_s)
         if decision.k == 0:
             self.probe_credit += self.probe_fraction * step_s
+
+    def _record_catch_up(self, seconds_per_token: float) -> None:
+        """A catch-up's seconds per caught-up token: probes are priced by the median of the
+        last ones (probe_cost_per_token)."""
+        self._probes.append(seconds_per_token)
+        self.probe_cost_per_token = statistics.median_low(self._probes)
 
     def _record_proposal(self, num_requests: int, k: int, wait_s: float,
                          drafter_s: Optional[float], first_forward_s: Optional[float]) -> None:

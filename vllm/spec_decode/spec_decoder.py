@@ -81,10 +81,12 @@ class SpecDecoder:
     def make_controller(self, max_k: int) -> GoodputController:
         """A goodput controller for this engine's proposer: it may choose drafting ahead where
         that is left to it (auto, the draft on another device) and batched overlap where the
-        draft has its own process."""
+        draft has its own process; on a CPU target, whose verification grows with its tokens,
+        k climbs by octaves of the verification sizes measured (explore_upward)."""
         spec = self.spec_config
         ahead_left_to_it = self._draft_ahead() and spec.speculative_draft_ahead == "auto"
-        controller = GoodputController(max_k, draft_ahead_overlaps=ahead_left_to_it)
+        controller = GoodputController(max_k, draft_ahead_overlaps=ahead_left_to_it,
+                                       explore_upward=self.config.device.type == "cpu")
         controller.can_split = (spec.speculative_batch_split == "auto"
                                 and self.proposer.runs_in_own_process)
         return controller
