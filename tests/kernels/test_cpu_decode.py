@@ -24,9 +24,10 @@ BLOCK = 16
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # m: the one- and two-stream GEMV (1-3), bf16's 4 x 6 register tiles with every count of rows
-# left over (4-9, 11, 12, 14, 16, 19, 32, 64; fp32 above 8 rows and bf16 above 64: torch's
-# GEMM, which linear_small hands those to)
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 14, 16, 19, 32, 64, 65])
+# left over (4-9, 11, 12, 14, 16, 19, 32, 64), the AVX2 GEMV's passes of 4 rows with a last
+# pass of up to 6 (5, 6, 9, 10) (fp32 above 8 rows and bf16 above 64: torch's GEMM, which
+# linear_small hands those to)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16, 19, 32, 64, 65])
 # k: whole 2-vector steps (256, 576), one more vector plus a tail (100), a vector and a half
 # (48), tails only (17, 1), long enough for the tiles at 4 rows with a tail (810); n: not a
 # multiple of any tile (13, 257, 37), one row (1)
