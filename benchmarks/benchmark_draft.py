@@ -18,7 +18,7 @@ forward by forward, so that an A/B shares the host's drift (a row per setting).
 
     python benchmarks/benchmark_draft.py --model DRAFT[,DRAFT2] [--load-format dummy] \
         [--dtypes float32,bfloat16] [--threads 1,4,16] [--batch-sizes 1,8] \
-        [--paths fused,native] [--context 256] [--profile] \
+        [--paths fused,native] [--context 256 [--hold-context]] [--profile] \
         [--settings 'team:VLLM_CPU_DECODE_TEAM=1;no team:VLLM_CPU_DECODE_TEAM=0']"""
 import argparse
 import os
@@ -98,7 +98,7 @@ def restore_environ(saved: dict) -> None:
 def mean_context(args) -> int:
     """The timed forwards' mean context: args.context, and the tokens the forwards before them
     drafted (every setting's, args.steps a call) until the middle of the timed ones."""
-    if getattr(args, "hold_context", False):
+    if args.hold_context:
         return args.context + args.steps // 2  # each call's forwards read context + 0..steps-1
     settings = len(parse_settings(args.settings))
     return args.context + args.steps * settings * (args.warmup + args.num_forwards) // 2
@@ -171,7 +171,7 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
             start = time.perf_counter()
             draft._draft(reqs, [args.steps] * len(reqs))
             times[which].append((time.perf_counter() - start) * 1e3 / args.steps)
-            if getattr(args, "hold_context", False):
+            if args.hold_context:
                 hold_context(draft, reqs, args.context)
     cpu_decode.stage_ms = None
     del draft.runner.prepare_inputs

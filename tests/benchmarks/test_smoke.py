@@ -201,7 +201,8 @@ def test_time_forwards_alternates_settings(monkeypatch):
     monkeypatch.delenv("Y_SETTING", raising=False)
     # Y_SETTING named by the first setting only: unset again for the second's forwards
     args = types.SimpleNamespace(context=4, num_forwards=3, warmup=1, steps=2,
-                                 settings="X_SETTING=a,Y_SETTING=y;X_SETTING=b")
+                                 settings="X_SETTING=a,Y_SETTING=y;X_SETTING=b",
+                                 hold_context=False)
     clocks = (torch.ones(2), torch.ones(2))
     outside = ({}, {})
     draft = Draft()
