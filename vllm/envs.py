@@ -104,6 +104,12 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                              "columns) (read by the kernel at each call; 0: each op its own "
                              "loop): 5 hand-overs between cores a layer instead of 10, the same "
                              "bits"),
+    "VLLM_CPU_FOLD_SHARE": (_one_of("0", "1"), "1",
+                            "where decode_layers folds a norm into a linear's loop, the rows "
+                            "are normalised once, each by a thread that claims it, into a "
+                            "buffer the loop's threads share once all are done (read by the "
+                            "kernel at each call; 0: each thread normalises every row for "
+                            "itself, 8 rows' work a thread at batch 8), the same bits"),
     "VLLM_CPU_GREEDY_STEP": (_one_of("0", "1"), "1",
                              "a CPU draft's plain-greedy one-token steps run the embedding, "
                              "decode_layers and linear_argmax directly instead of through the "

@@ -136,6 +136,7 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
   const int64_t m = hidden.size(0);
   const bool fold_enabled_now = switched_on("VLLM_CPU_DECODE_FOLD");
   const bool fold = fold_enabled_now && linear_folds_apply(hidden, weights, packed, num_layers, m);
+  const bool fold_share = fold && switched_on("VLLM_CPU_FOLD_SHARE");
   const bool fold_attention =
       fold_enabled_now && rotary_cache_attention_applies(query_start_loc, num_heads, num_kv_heads);
   // the layers and the final norm; the residual's copy and the scratch rows are made inside
@@ -154,6 +155,8 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
     at::Tensor attn = at::empty({m, num_heads, head_size}, opts);
     // the layers' scratch rows, made at the first layer (and again where a layer's sizes differ)
     at::Tensor qkv = at::empty({m, 0}, opts), gate_up = at::empty({m, 0}, opts), act;
+    // folded and shared: the rows each norm makes once for its linear's threads
+    at::Tensor normed = fold_share ? at::empty_like(hidden) : at::Tensor();
     // out = norm(...) @ w^T (+ b), then act = silu_and_mul(out) where act is given: folded
     // into the linear's loop, or in turn
     const auto norm_linear = [&](const at::Tensor& norm_w, bool first, at::Tensor& out,
@@ -162,7 +165,7 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
       if (fold) {
         const int next = cur == 0 ? 1 : 0;
         LayerFold f(hidden, cur < 0 ? nullptr : &res[cur], res[next], norm_w, epsilon, out,
-                    silu_out);
+                    silu_out, fold_share ? &normed : nullptr);
         linear_rows(out, hidden, w, b, p, &f);
         cur = next;
         clock.mark(stage);

@@ -7,6 +7,8 @@
 //     (rotary_cache_attention), and the norms and silu_and_mul into the packed linears' loops
 //     (layer_folds.h) where every linear of the step runs the packed tiles; 0: each its own
 //     loop.
+//   VLLM_CPU_FOLD_SHARE: a folded norm's rows normalised once, shared by its linear's threads
+//     (each claims rows, then waits for all; layer_folds.h); 0: each thread all rows for itself.
 #pragma once
 
 #include <torch/all.h>

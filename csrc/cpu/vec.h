@@ -53,6 +53,19 @@ inline fVec round_to(const fVec& v) {
   }
 }
 
+// Stores v's first `width` lanes to p in T and returns v rounded to T (round_to), converting once.
+inline fVec store_rounded(float* p, const fVec& v, int width) {
+  v.store(p, width);
+  return v;
+}
+inline fVec store_rounded(c10::BFloat16* p, const fVec& v, int width) {
+  const auto b = at::vec::convert_from_float<c10::BFloat16>(v, v);
+  b.store(p, width);
+  auto [lo, hi] = at::vec::convert_to_float<c10::BFloat16>(b);
+  (void)hi;
+  return lo;
+}
+
 // Calls fn(offset, width) over [0, n) in vector-wide steps; width < kVecSize only at the tail.
 template <typename Fn>
 inline void for_each_vec(int64_t n, Fn&& fn) {

@@ -346,9 +346,10 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
     (each rotates its own query heads, the part that reads a new key writes it, a split task's
     merge on the thread that finishes its last part; the ops in turn where a sequence's tokens
     are more than one task), and, on the packed bf16 tiles (AVX512_BF16; AMX where the CPU has
-    it), the norms and silu_and_mul inside the linears' loops (each thread normalises the rows
-    for itself, the first task's thread writes the residual stream, each gate/up task finishes
-    its own columns of silu(gate) * up); with and without the team, at 2, 3 and 16 threads. That the
+    it), the norms and silu_and_mul inside the linears' loops (the rows normalised once by the
+    threads that claim them and shared, VLLM_CPU_FOLD_SHARE=1, or by each thread for itself,
+    the first task's thread writing the residual stream, 0; each gate/up task finishes its own
+    columns of silu(gate) * up); with and without the team, at 2, 3 and 16 threads. That the
     folds ran is read off the stage clock (rotary + cache, and silu where the linears fold, stay
     at zero); a bad setting is refused by name."""
     if amx == "auto" and dtype == torch.float32:
@@ -362,9 +363,11 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        runs_under([{"VLLM_CPU_DECODE_FOLD": f, "VLLM_CPU_DECODE_TEAM": t}
-                    for f, t in (("0", "1"), ("1", "1"), ("1", "0"))], model, caches, md, ids,
-                   positions, monkeypatch)
+        runs_under([{"VLLM_CPU_DECODE_FOLD": f, "VLLM_CPU_DECODE_TEAM": t,
+                     "VLLM_CPU_FOLD_SHARE": s}
+                    for f, t, s in (("0", "1", "1"), ("1", "1", "1"), ("1", "0", "1"),
+                                    ("1", "1", "0"), ("1", "0", "0"))],
+                   model, caches, md, ids, positions, monkeypatch)
         group = config.num_attention_heads // config.num_key_value_heads
         attention_folds = max(q_lens) <= 64 // group
         linears_fold = (dtype == torch.bfloat16 and has_avx512_bf16() and len(positions) >= 2
@@ -381,6 +384,12 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
     finally:
         torch.set_num_threads(saved)
     monkeypatch.setattr(cpu_decode, "stage_ms", None)
+    if linears_fold:  # read only where a norm folds
+        monkeypatch.setenv("VLLM_CPU_DECODE_FOLD", "1")
+        monkeypatch.setenv("VLLM_CPU_FOLD_SHARE", "yes")
+        with pytest.raises(RuntimeError, match="VLLM_CPU_FOLD_SHARE must be 0 or 1"):
+            run(model, caches, md, ids, positions, "fused", monkeypatch)
+        monkeypatch.setenv("VLLM_CPU_FOLD_SHARE", "1")
     monkeypatch.setenv("VLLM_CPU_DECODE_FOLD", "yes")
     with pytest.raises(RuntimeError, match="VLLM_CPU_DECODE_FOLD must be 0 or 1"):
         run(model, caches, md, ids, positions, "fused", monkeypatch)
