@@ -216,8 +216,8 @@ def forward_row(name: str, dtype: str, threads: int, bs: int, path: str, times: 
                 bandwidth: float) -> dict:
     """One row of the result (printed as it is made): the forwards' median against the floor,
     the GEMMs' share and, for the fused path, decode_layers' time by stage and of the rest of
-    the forward the input building and the LM head (means); what is left is the embedding and
-    the Python around the calls."""
+    the forward the input building and the LM head (means: greedy_steps' own stages, or the
+    model path's calls timed from Python); what is left is the Python around the calls."""
     median = statistics.median(times)
     row = {"model": name, "dtype": dtype, "threads": threads, "batch_size": bs, "path": path,
            "ms_per_forward": median, "min": min(times), "max": max(times), "floor_ms": floor,
@@ -225,7 +225,8 @@ def forward_row(name: str, dtype: str, threads: int, bs: int, path: str, times: 
            "bandwidth_gbps": bandwidth}
     if any(stages):
         row["stage_ms"] = dict(zip(ops.DECODE_STAGES, stages))
-        row["stage_ms"].update(outside)
+        for key, ms in outside.items():  # the model path's, where greedy_steps' own are 0
+            row["stage_ms"][key] = row["stage_ms"].get(key, 0.0) + ms
         # the stages are means over the forwards: the rest is taken from the mean as well
         row["stage_ms"]["outside_decode_layers"] = (statistics.fmean(times) - sum(stages)
                                                     - sum(outside.values()))

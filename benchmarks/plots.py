@@ -305,7 +305,7 @@ def plot_draft_stages(ax, rows: list[dict], colors: list) -> None:
     for i, stage in enumerate(stages):
         heights = [max(0.0, r["stage_ms"].get(stage, 0.0)) for r in picked.values()]
         ax.bar(range(len(picked)), heights, bottom=bottoms, color=colors[i % len(colors)],
-               label={"outside_decode_layers": "rest (greedy_steps: + LM head)",
+               label={"outside_decode_layers": "rest",
                       "lm_head": "LM head (argmax)"}.get(stage, stage))
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set_xticks(range(len(picked)))

@@ -66,10 +66,12 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
 // decode_layers' stages, the entries of its optional stage_ms (ms added per stage; the checks
 // and allocations between stages count to the next one): the norms (each layer's two and the
 // final one), the qkv linear, rotary with the cache write, the attention, the o linear, the
-// gate/up linear, silu_and_mul, the down linear.
+// gate/up linear, silu_and_mul, the down linear; and greedy_steps' own (its decode_layers
+// adding the above): each step's input rows (slots, context lengths, the embedding's rows) and
+// its LM head (linear_argmax).
 enum DecodeStage {
   kStageNorms, kStageQkv, kStageRotaryCache, kStageAttention, kStageO, kStageGateUp,
-  kStageSilu, kStageDown, kDecodeStages
+  kStageSilu, kStageDown, kStageInputs, kStageLmHead, kDecodeStages
 };
 // CPU only: a weight's packed copy for the packed tiles (cpu/linear_packed.cpp; empty where this
 // CPU or dtype has none), and linear_small with it.

@@ -133,8 +133,11 @@ def decode_layers(hidden: torch.Tensor, positions: torch.Tensor, weights: list[t
           packed or [], stage_ms)
 
 
-# decode_layers' stages, in its stage_ms order (csrc/ops.h, DecodeStage)
-DECODE_STAGES = ("norms", "qkv", "rotary_cache", "attention", "o", "gate_up", "silu", "down")
+# decode_layers' stages, then greedy_steps' own (each step's input rows, its LM head), in
+# stage_ms order (csrc/ops.h, DecodeStage)
+DECODE_STAGES = ("norms", "qkv", "rotary_cache", "attention", "o", "gate_up", "silu", "down",
+                 "inputs", "lm_head")
+GREEDY_STAGES = ("inputs", "lm_head")
 
 
 def pack_linear(weight: torch.Tensor) -> torch.Tensor:

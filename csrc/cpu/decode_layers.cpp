@@ -7,13 +7,13 @@
 // the packed tiles on the weights' packed copies where those are given and pay. With the folds
 // (VLLM_CPU_DECODE_FOLD), rotary and the cache write run in the attention's tasks and, on the
 // packed tiles, the norms and silu_and_mul in the linears' loops: 5 parallel loops a layer.
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
 #include "cpu/attention.h"
 #include "cpu/layer_folds.h"
 #include "cpu/linear.h"
+#include "cpu/stage_clock.h"
 #include "cpu/switches.h"
 #include "cpu/team.h"
 #include "cpu/vec.h"
@@ -42,33 +42,6 @@ void check_weight(const at::Tensor& w, int64_t rows, int64_t cols, const at::Ten
               "layer ", layer, ": ", name, " must be a contiguous [", rows, ", ", cols,
               "] tensor of the hidden state's dtype, got ", w.sizes(), " ", w.scalar_type());
 }
-
-// Where a step's time goes (benchmarks/benchmark_draft.py): with a stage_ms tensor given, each
-// stage's wall time in ms is added to its entry (kDecodeStages, ops.h names them); else nothing
-// is timed.
-class StageClock {
- public:
-  explicit StageClock(const std::optional<at::Tensor>& stage_ms) {
-    if (!stage_ms.has_value()) return;
-    TORCH_CHECK(stage_ms->scalar_type() == at::kDouble && stage_ms->is_contiguous() &&
-                    stage_ms->numel() == kDecodeStages && stage_ms->device().is_cpu(),
-                "stage_ms must be a contiguous CPU float64 tensor of ", kDecodeStages,
-                " entries, got ", stage_ms->sizes(), " ", stage_ms->scalar_type());
-    ms_ = stage_ms->data_ptr<double>();
-    last_ = std::chrono::steady_clock::now();
-  }
-  // the time since the last mark goes to stage
-  void mark(DecodeStage stage) {
-    if (ms_ == nullptr) return;
-    const auto now = std::chrono::steady_clock::now();
-    ms_[stage] += std::chrono::duration<double, std::milli>(now - last_).count();
-    last_ = now;
-  }
-
- private:
-  double* ms_ = nullptr;
-  std::chrono::steady_clock::time_point last_;
-};
 
 // The norms, silu_and_mul and rotary of a decode_layers step split over the threads from
 // VLLM_CPU_DECODE_SPLIT_ELEMS elements a thread (read at every call; default kSplitElems; 0:

@@ -13,6 +13,7 @@
 
 #include "core/checks.h"
 #include "cpu/linear.h"
+#include "cpu/stage_clock.h"
 #include "cpu/switches.h"
 #include "cpu/team.h"
 #include "ops.h"
@@ -95,7 +96,9 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
   int64_t* slot = slots.data_ptr<int64_t>();
   int32_t* ctx = context_lens.data_ptr<int32_t>();
   at::Tensor hidden_rows = at::empty({num_tokens, embedding.size(1)}, embedding.options());
+  StageClock clock(stage_ms);
   const auto run_step = [&](const at::Tensor& step_pos, const at::Tensor& qsl, int64_t s) {
+    clock.restart();
     const int32_t* starts = qsl.data_ptr<int32_t>();
     const int64_t* sp = step_pos.data_ptr<int64_t>();
     int64_t max_context_len = 0;
@@ -110,12 +113,15 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
     const int64_t n = step_pos.size(0);
     at::Tensor hidden = hidden_rows.slice(0, 0, n);
     at::index_select_out(hidden, embedding, 0, ids);
+    clock.mark(kStageInputs);
     decode_layers(hidden, step_pos, weights, final_norm, cos_sin_cache, key_caches, value_caches,
                   slots.slice(0, 0, n), tables, context_lens, qsl, max_context_len, num_heads,
                   num_kv_heads, head_size, epsilon, scale, is_neox, packed, stage_ms);
+    clock.restart();
     if (n != rows) hidden = hidden.index_select(0, last_rows);  // the first step only
     at::Tensor out = tokens[s];
     linear_argmax(out, hidden, head, head_packed);
+    clock.mark(kStageLmHead);
     ids = out;
   };
   // later steps: one token a sequence, at the position after its last

@@ -243,8 +243,10 @@ def test_stage_clock_times_every_stage_and_changes_nothing(monkeypatch):
         for (k, v), (tk, tv) in zip(new_caches, timed_caches):
             assert torch.equal(k, tk) and torch.equal(v, tv)
         grew = cpu_decode.stage_ms > before
-        untimed = [n for n, g in zip(ops.DECODE_STAGES, grew) if not g]
+        untimed = [n for n, g in zip(ops.DECODE_STAGES, grew)
+                   if not g and n not in ops.GREEDY_STAGES]
         assert not untimed, f"stages not timed: {untimed}"
+        assert not grew[[ops.DECODE_STAGES.index(n) for n in ops.GREEDY_STAGES]].any()
     monkeypatch.setattr(cpu_decode, "stage_ms", torch.zeros(len(ops.DECODE_STAGES)))
     with pytest.raises(RuntimeError, match="stage_ms must be a contiguous CPU float64"):
         run(model, caches, md, ids, positions, "fused", monkeypatch)
@@ -512,6 +514,33 @@ def test_greedy_step_is_the_models_forward_and_argmax(shape, dtype, context_lens
         assert step(ids, first, tables, steps, starts) is None
     assert all(torch.equal(k, k0) and torch.equal(v, v0)
                for (k, v), (k0, v0) in zip(untouched, caches))
+
+
+def test_greedy_steps_time_their_inputs_and_lm_head(monkeypatch):
+    """greedy_steps with cpu_decode.stage_ms set gives the same tokens and KV, and adds each
+    step's input rows and LM head (linear_argmax) to their own stages beside decode_layers'."""
+    model, config = make_model("llama-gqa", torch.bfloat16)
+    context_lens, steps = [9, 30, 4], 3
+    caches, md, _ = make_step(config, torch.bfloat16, [c + steps for c in context_lens],
+                              [1] * len(context_lens))
+    first = torch.tensor([c - 1 for c in context_lens])
+    ids = torch.randint(0, config.vocab_size, (len(first),),
+                        generator=torch.Generator().manual_seed(6))
+    monkeypatch.setenv("VLLM_CPU_DECODE_PATH", "fused")
+    plain_caches = [(k.clone(), v.clone()) for k, v in caches]
+    timed_caches = [(k.clone(), v.clone()) for k, v in caches]
+    with torch.inference_mode():
+        plain = cpu_decode.GreedyStep.build(model, plain_caches)(ids, first, md.block_tables,
+                                                                 steps, None)
+        monkeypatch.setattr(cpu_decode, "stage_ms", torch.zeros(len(ops.DECODE_STAGES),
+                                                                dtype=torch.float64))
+        timed = cpu_decode.GreedyStep.build(model, timed_caches)(ids, first, md.block_tables,
+                                                                 steps, None)
+    assert torch.equal(timed, plain)
+    for (k, v), (tk, tv) in zip(plain_caches, timed_caches):
+        assert torch.equal(k, tk) and torch.equal(v, tv)
+    ms = dict(zip(ops.DECODE_STAGES, cpu_decode.stage_ms.tolist()))
+    assert all(ms[n] > 0 for n in ops.GREEDY_STAGES + ("qkv", "attention")), ms
 
 
 def test_greedy_steps_reject_tables_and_tokens_out_of_range():
