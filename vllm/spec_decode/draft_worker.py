@@ -28,7 +28,7 @@ from vllm.model_executor.model_loader.loader import resolve_config
 from vllm.model_executor.sampler import Sampler, SamplingBatch, argmax_rows
 from vllm.spec_decode.proposer import Proposal, ProposalHandle, Proposer
 from vllm.worker import cpu_threads, kv_cache
-from vllm.worker.model_runner import ModelRunner, padded_block_tables
+from vllm.worker.model_runner import ModelRunner, block_tables_tensor, int_tensor
 
 logger = init_logger(__name__)
 
@@ -240,19 +240,18 @@ class DraftModelProposer(Proposer):
         one the token drawn before it), or None where it does not apply: blocks that do not
         cover the steps, or the path's own limits (its rows)."""
         block_size = self.config.cache_config.block_size
-        if any(len(s.block_ids) * block_size < s.num_tokens - 1 + steps for s in seqs):
+        if any(len(s.block_ids) * block_size < len(s.token_ids) - 1 + steps for s in seqs):
             return None
-        fed = [s.num_tokens - s.num_computed_tokens for s in seqs]
+        fed = [len(s.token_ids) - s.num_computed_tokens for s in seqs]
         if min(fed) < 1 or sum(fed) > cpu_decode.MAX_ROWS:  # (a prefill: the model path)
             return None
         ids = [t for s in seqs for t in s.token_ids[s.num_computed_tokens:]]
-        positions = [p for s in seqs for p in range(s.num_computed_tokens, s.num_tokens)]
+        positions = [p for s in seqs for p in range(s.num_computed_tokens, len(s.token_ids))]
         starts = None
         if len(ids) != len(seqs):
-            starts = torch.tensor([0] + list(itertools.accumulate(fed)), dtype=torch.int32)
-        tokens = self.greedy_step(torch.tensor(ids), torch.tensor(positions),
-                                  torch.tensor(padded_block_tables(seqs), dtype=torch.int32),
-                                  steps, starts)
+            starts = int_tensor([0] + list(itertools.accumulate(fed)), torch.int32)
+        tokens = self.greedy_step(int_tensor(ids), int_tensor(positions),
+                                  block_tables_tensor(seqs), steps, starts)
         return None if tokens is None else tokens.tolist()
 
     @torch.inference_mode()

