@@ -88,7 +88,9 @@ void linear_argmax(at::Tensor& out, const at::Tensor& input, const at::Tensor& w
 // query_start_loc [rows + 1] several at consecutive positions in the first step), each step the
 // embedding's rows, decode_layers (arguments as there; slots, context lengths from
 // block_tables) and linear_argmax over head (head_packed as for linear_packed) of each
-// sequence's last row, its tokens the next step's input at the next positions.
+// sequence's last row, its tokens the next step's input at the next positions. step_ms: none,
+// or float64 [steps] to which each step's wall time is written (ms; the first step's from the
+// call's start: its checks and the team's start count to it).
 void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Tensor& positions,
                   const at::Tensor& embedding, const std::vector<at::Tensor>& weights,
                   const at::Tensor& final_norm, const at::Tensor& cos_sin_cache,
@@ -98,7 +100,8 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
                   double scale, bool is_neox, const std::vector<at::Tensor>& packed,
                   const at::Tensor& head, const at::Tensor& head_packed,
                   const std::optional<at::Tensor>& stage_ms,
-                  const std::optional<at::Tensor>& query_start_loc);
+                  const std::optional<at::Tensor>& query_start_loc,
+                  const std::optional<at::Tensor>& step_ms);
 }  // namespace vllm_cpu
 
 #ifdef VLLM_WITH_CUDA

@@ -42,7 +42,8 @@ TORCH_LIBRARY(_C, m) {
       "Tensor[] weights, Tensor final_norm, Tensor cos_sin_cache, Tensor(a!)[] key_caches, "
       "Tensor(b!)[] value_caches, Tensor block_tables, int num_heads, int num_kv_heads, "
       "int head_size, float epsilon, float scale, bool is_neox, Tensor[] packed, Tensor head, "
-      "Tensor head_packed, Tensor(c!)? stage_ms=None, Tensor? query_start_loc=None) -> ()");
+      "Tensor head_packed, Tensor(c!)? stage_ms=None, Tensor? query_start_loc=None, "
+      "Tensor(d!)? step_ms=None) -> ()");
 }
 
 #define VLLM_REGISTER_KERNELS(m, ns)                          \

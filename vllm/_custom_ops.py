@@ -170,14 +170,16 @@ def greedy_steps(tokens: torch.Tensor, input_ids: torch.Tensor, positions: torch
                  num_kv_heads: int, head_size: int, epsilon: float, scale: float,
                  is_neox: bool, packed: list[torch.Tensor], head: torch.Tensor,
                  head_packed: torch.Tensor, stage_ms: Optional[torch.Tensor] = None,
-                 query_start_loc: Optional[torch.Tensor] = None) -> None:
+                 query_start_loc: Optional[torch.Tensor] = None,
+                 step_ms: Optional[torch.Tensor] = None) -> None:
     """tokens [steps, rows] (int64) = a plain-greedy draft's next steps tokens a sequence, in one
     call: from input_ids at positions (one token a sequence; with query_start_loc, int32
     [rows + 1], a sequence's first step feeds several tokens at consecutive positions), each
     step embedding's rows, decode_layers (its arguments; the slots and context lengths from
     block_tables) and linear_argmax over head of each sequence's last row, whose tokens the
-    next step feeds at the next positions."""
+    next step feeds at the next positions. step_ms: none, or float64 [steps] that gets each
+    step's wall time in ms (the first step's from the call's start)."""
     _call("greedy_steps", input_ids.device, tokens, input_ids, positions, embedding, weights,
           final_norm, cos_sin_cache, key_caches, value_caches, block_tables, num_heads,
           num_kv_heads, head_size, epsilon, scale, is_neox, packed, head, head_packed, stage_ms,
-          query_start_loc)
+          query_start_loc, step_ms)

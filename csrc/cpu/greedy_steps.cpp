@@ -9,6 +9,7 @@
 // Python's data evicted by the weights' stream every step). Where every linear is this
 // extension's loop, all the steps run in one team region (team.h), the LM head's loops too.
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "core/checks.h"
@@ -29,12 +30,23 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
                   double scale, bool is_neox, const std::vector<at::Tensor>& packed,
                   const at::Tensor& head, const at::Tensor& head_packed,
                   const std::optional<at::Tensor>& stage_ms,
-                  const std::optional<at::Tensor>& query_start_loc) {
+                  const std::optional<at::Tensor>& query_start_loc,
+                  const std::optional<at::Tensor>& step_ms) {
+  auto step_start = std::chrono::steady_clock::now();  // the first step's: the call's start
   TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong && tokens.is_contiguous(),
               "tokens must be a contiguous int64 [steps, rows] tensor, got ", tokens.sizes(), " ",
               tokens.scalar_type());
   const int64_t steps = tokens.size(0), rows = tokens.size(1);
   TORCH_CHECK(steps > 0 && rows > 0, "greedy_steps needs at least one step and one row");
+  double* step_out = nullptr;
+  if (step_ms.has_value()) {
+    TORCH_CHECK(step_ms->scalar_type() == at::kDouble && step_ms->dim() == 1 &&
+                    step_ms->size(0) == steps && step_ms->is_contiguous() &&
+                    step_ms->device().is_cpu(),
+                "step_ms must be a contiguous CPU float64 tensor of the ", steps, " steps, got ",
+                step_ms->sizes(), " ", step_ms->scalar_type());
+    step_out = step_ms->data_ptr<double>();
+  }
   const int64_t num_tokens = input_ids.dim() == 1 ? input_ids.size(0) : -1;
   TORCH_CHECK(num_tokens >= rows && input_ids.scalar_type() == at::kLong &&
                   positions.dim() == 1 && positions.size(0) == num_tokens &&
@@ -123,6 +135,11 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
     linear_argmax(out, hidden, head, head_packed);
     clock.mark(kStageLmHead);
     ids = out;
+    if (step_out != nullptr) {
+      const auto now = std::chrono::steady_clock::now();
+      step_out[s] = std::chrono::duration<double, std::milli>(now - step_start).count();
+      step_start = now;
+    }
   };
   // later steps: one token a sequence, at the position after its last
   at::Tensor step_pos = num_tokens == rows ? pos.clone() : pos.index_select(0, last_rows);

@@ -517,8 +517,10 @@ def test_greedy_step_is_the_models_forward_and_argmax(shape, dtype, context_lens
 
 
 def test_greedy_steps_time_their_inputs_and_lm_head(monkeypatch):
-    """greedy_steps with cpu_decode.stage_ms set gives the same tokens and KV, and adds each
-    step's input rows and LM head (linear_argmax) to their own stages beside decode_layers'."""
+    """greedy_steps with cpu_decode.stage_ms set, and given step_ms, gives the same tokens and
+    KV, adds each step's input rows and LM head (linear_argmax) to their own stages beside
+    decode_layers', and writes each step's ms to step_ms; a step_ms of the wrong size is
+    refused by name."""
     model, config = make_model("llama-gqa", torch.bfloat16)
     context_lens, steps = [9, 30, 4], 3
     caches, md, _ = make_step(config, torch.bfloat16, [c + steps for c in context_lens],
@@ -534,13 +536,19 @@ def test_greedy_steps_time_their_inputs_and_lm_head(monkeypatch):
                                                                  steps, None)
         monkeypatch.setattr(cpu_decode, "stage_ms", torch.zeros(len(ops.DECODE_STAGES),
                                                                 dtype=torch.float64))
+        step_ms = torch.full((steps,), -1.0, dtype=torch.float64)
         timed = cpu_decode.GreedyStep.build(model, timed_caches)(ids, first, md.block_tables,
-                                                                 steps, None)
+                                                                 steps, None, step_ms)
+        with pytest.raises(RuntimeError, match="step_ms must be a contiguous CPU float64"):
+            cpu_decode.GreedyStep.build(model, [(k.clone(), v.clone()) for k, v in caches])(
+                ids, first, md.block_tables, steps, None, torch.zeros(steps + 1,
+                                                                      dtype=torch.float64))
     assert torch.equal(timed, plain)
     for (k, v), (tk, tv) in zip(plain_caches, timed_caches):
         assert torch.equal(k, tk) and torch.equal(v, tv)
     ms = dict(zip(ops.DECODE_STAGES, cpu_decode.stage_ms.tolist()))
     assert all(ms[n] > 0 for n in ops.GREEDY_STAGES + ("qkv", "attention")), ms
+    assert (step_ms > 0).all(), step_ms
 
 
 def test_greedy_steps_reject_tables_and_tokens_out_of_range():

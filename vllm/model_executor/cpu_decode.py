@@ -228,12 +228,13 @@ class GreedyStep:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
                  block_tables: torch.Tensor, steps: int = 1,
-                 query_start_loc: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+                 query_start_loc: Optional[torch.Tensor] = None,
+                 step_ms: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
         """The greedy tokens [steps, rows] after input_ids at positions (int64 [rows], one token
         a sequence; or [tokens] with query_start_loc int32 [rows + 1]: a sequence's tokens
         whose KV is missing, at consecutive positions, fed in the first step; block_tables int32
         [rows, blocks] covering every position the steps write), or None where this path does
-        not apply."""
+        not apply. step_ms: none, or float64 [steps] that gets each step's ms (greedy_steps)."""
         rows, first_rows = block_tables.shape[0], input_ids.shape[0]
         if not (0 < first_rows <= MAX_ROWS and envs.VLLM_CPU_DECODE_PATH == "fused"):
             return None
@@ -245,5 +246,5 @@ class GreedyStep:
         ops.greedy_steps(tokens, input_ids, positions, args[0], args[1], args[2], args[3],
                          self.key_caches, self.value_caches, block_tables, *args[4:],
                          _decode_packed(self.model.model, args[1], first_rows), head,
-                         head_packed, stage_ms, query_start_loc)
+                         head_packed, stage_ms, query_start_loc, step_ms)
         return tokens
