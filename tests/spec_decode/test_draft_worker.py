@@ -215,3 +215,22 @@ def test_greedy_steps_draft_what_the_model_path_drafts(spec_target, spec_draft, 
         drafts[setting], used[setting] = got, len(calls)
     assert drafts["1"] == drafts["0"]
     assert used["0"] == 0 and used["1"] > 0
+
+
+def test_a_greedy_proposal_is_one_native_call_timing_its_first_forward(spec_target, spec_draft):
+    """A plain-greedy proposal whose requests draft the same k runs its k steps in one
+    GreedyStep call, and its first forward's seconds are that call's first step (with the
+    Python around the call): more than nothing, less than the whole proposal by the later
+    steps' time (greedy_steps' step_ms); requests of different k take a call per group."""
+    worker = make_proposer(spec_target, spec_draft)
+    step, calls = worker.greedy_step, []
+    worker.greedy_step = lambda *a: calls.append(a[3]) or step(*a)
+    reqs = [Request(f"r{i}", None, list(range(10 + i, 30 + 2 * i)),
+                    SamplingParams(temperature=0.0), None) for i in range(2)]
+    proposal = worker.propose(reqs, [4, 4]).result()
+    assert calls == [4]
+    assert all(len(d) == 4 for d in proposal.draft_token_ids)
+    assert 0 < proposal.first_forward_seconds < proposal.seconds
+    calls.clear()
+    worker.propose(reqs, [2, 5]).result()
+    assert calls == [2, 3]

@@ -204,7 +204,7 @@ class DraftModelProposer(Proposer):
             start = time.perf_counter()
             live = [(r, self.seqs[r.req_id]) for r, k in zip(reqs, ks) if k > step]
             steps = min(k for k in ks if k > step) - step
-            step_ms = torch.zeros(steps, dtype=torch.float64) if step == 0 else None
+            step_ms = torch.zeros(steps, dtype=torch.float64) if greedy and step == 0 else None
             drawn = (self._greedy_steps([seq for _, seq in live], steps, step_ms)
                      if greedy else None)
             if drawn is not None:
