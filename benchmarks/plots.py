@@ -245,7 +245,7 @@ def plot_draft(result: dict, path: str) -> str:
     staged = [r for r in rows if r.get("stage_ms")]
     fig, axes = figure(len(models) + (1 if staged else 0))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for n, (ax, name) in enumerate(zip(axes, models)):
+    for ax, name in zip(axes, models):
         lines = defaultdict(list)
         for r in rows:
             if r.get("model", "?") == name:
@@ -274,13 +274,14 @@ def plot_draft(result: dict, path: str) -> str:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.set_title(model_name(name), fontsize=10)
-        if n == 0:  # every model's panel has the same lines: one legend
-            ax.legend(fontsize=6)
+    # one legend under the models' panels (the same lines in each): inside the first panel it
+    # covered that model's points
+    bottom = shared_legend(fig, axes[:len(models)])
     if staged:
         plot_draft_stages(axes[-1], staged, [plt.get_cmap("tab20")(i) for i in range(20)])
     what = (f"CPU draft forward (dashed: weights + KV over the host's copy rate), context "
             f"{result.get('mean_context', result.get('context', '?'))}")
-    return save(fig, title_of(what, [result], host=True), path)
+    return save(fig, title_of(what, [result], host=True), path, bottom)
 
 
 def stage_bars(rows: list[dict]) -> dict:
