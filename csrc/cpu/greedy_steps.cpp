@@ -38,15 +38,7 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
               tokens.scalar_type());
   const int64_t steps = tokens.size(0), rows = tokens.size(1);
   TORCH_CHECK(steps > 0 && rows > 0, "greedy_steps needs at least one step and one row");
-  double* step_out = nullptr;
-  if (step_ms.has_value()) {
-    TORCH_CHECK(step_ms->scalar_type() == at::kDouble && step_ms->dim() == 1 &&
-                    step_ms->size(0) == steps && step_ms->is_contiguous() &&
-                    step_ms->device().is_cpu(),
-                "step_ms must be a contiguous CPU float64 tensor of the ", steps, " steps, got ",
-                step_ms->sizes(), " ", step_ms->scalar_type());
-    step_out = step_ms->data_ptr<double>();
-  }
+  double* step_out = ms_entries(step_ms, steps, "step_ms");
   const int64_t num_tokens = input_ids.dim() == 1 ? input_ids.size(0) : -1;
   TORCH_CHECK(num_tokens >= rows && input_ids.scalar_type() == at::kLong &&
                   positions.dim() == 1 && positions.size(0) == num_tokens &&

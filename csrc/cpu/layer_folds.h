@@ -11,7 +11,6 @@
 // unfolded step either way.
 #pragma once
 
-#include <atomic>
 #include <vector>
 
 #include "cpu/linear.h"
@@ -81,11 +80,8 @@ class LayerFold final : public LinearFold {
     }
   }
 
-  struct alignas(64) Counter {
-    mutable std::atomic<int64_t> v{0};
-  };
   T* shared_;
-  Counter claimed_, done_;  // shared: the rows claimed, and those normalised
+  mutable LineCounter claimed_, done_;  // shared: the rows claimed, and those normalised
   const T* x_;
   const T* residual_;
   T* residual_out_;

@@ -12,16 +12,22 @@
 
 namespace vllm_cpu {
 
+// The entries of an optional timing output (ms), checked to be a contiguous CPU float64 tensor
+// of n; nullptr where none is given.
+inline double* ms_entries(const std::optional<at::Tensor>& t, int64_t n, const char* name) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->scalar_type() == at::kDouble && t->dim() == 1 && t->size(0) == n &&
+                  t->is_contiguous() && t->device().is_cpu(),
+              name, " must be a contiguous CPU float64 tensor of ", n, " entries, got ",
+              t->sizes(), " ", t->scalar_type());
+  return t->data_ptr<double>();
+}
+
 class StageClock {
  public:
-  explicit StageClock(const std::optional<at::Tensor>& stage_ms) {
-    if (!stage_ms.has_value()) return;
-    TORCH_CHECK(stage_ms->scalar_type() == at::kDouble && stage_ms->is_contiguous() &&
-                    stage_ms->numel() == kDecodeStages && stage_ms->device().is_cpu(),
-                "stage_ms must be a contiguous CPU float64 tensor of ", kDecodeStages,
-                " entries, got ", stage_ms->sizes(), " ", stage_ms->scalar_type());
-    ms_ = stage_ms->data_ptr<double>();
-    last_ = std::chrono::steady_clock::now();
+  explicit StageClock(const std::optional<at::Tensor>& stage_ms)
+      : ms_(ms_entries(stage_ms, kDecodeStages, "stage_ms")) {
+    if (ms_ != nullptr) last_ = std::chrono::steady_clock::now();
   }
   // the time since the last mark (or restart) goes to stage
   void mark(DecodeStage stage) {
@@ -36,7 +42,7 @@ class StageClock {
   }
 
  private:
-  double* ms_ = nullptr;
+  double* ms_;
   std::chrono::steady_clock::time_point last_;
 };
 

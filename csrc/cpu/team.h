@@ -47,6 +47,12 @@ inline void spin_until(Ready&& ready) {
   }
 }
 
+// An atomic counter alone on its cache line, so that threads spinning on one do not move the
+// lines of others (Team's flags, a fold's row counters).
+struct alignas(64) LineCounter {
+  std::atomic<int64_t> v{0};
+};
+
 class Team {
  public:
   // A type-erased loop body: fn(ctx, begin, end).
@@ -63,7 +69,7 @@ class Team {
       return;
     }
     Team team;
-    team.finished_.reset(new Counter[threads]);
+    team.finished_.reset(new LineCounter[threads]);
     std::exception_ptr error;
 #pragma omp parallel num_threads(threads)
     {
@@ -130,9 +136,6 @@ class Team {
 
  private:
   static constexpr int64_t kStop = -1;
-  struct alignas(64) Counter {
-    std::atomic<int64_t> v{0};
-  };
 
   Team() = default;
 
@@ -160,8 +163,8 @@ class Team {
     }
   }
 
-  Counter generation_;
-  std::unique_ptr<Counter[]> finished_;  // a thread's last loop done, one line each
+  LineCounter generation_;
+  std::unique_ptr<LineCounter[]> finished_;  // a thread's last loop done, one line each
   int64_t issued_ = 0;
   int size_ = 1;
   Body body_ = nullptr;

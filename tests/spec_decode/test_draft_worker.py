@@ -223,14 +223,19 @@ def test_a_greedy_proposal_is_one_native_call_timing_its_first_forward(spec_targ
     Python around the call): more than nothing, less than the whole proposal by the later
     steps' time (greedy_steps' step_ms); requests of different k take a call per group."""
     worker = make_proposer(spec_target, spec_draft)
-    step, calls = worker.greedy_step, []
-    worker.greedy_step = lambda *a: calls.append(a[3]) or step(*a)
+    step, calls, step_ms = worker.greedy_step, [], []
+    worker.greedy_step = lambda *a: calls.append(a[3]) or step_ms.append(a[5]) or step(*a)
     reqs = [Request(f"r{i}", None, list(range(10 + i, 30 + 2 * i)),
                     SamplingParams(temperature=0.0), None) for i in range(2)]
     proposal = worker.propose(reqs, [4, 4]).result()
     assert calls == [4]
     assert all(len(d) == 4 for d in proposal.draft_token_ids)
-    assert 0 < proposal.first_forward_seconds < proposal.seconds
+    first_step_s, later_s = step_ms[0][0].item() / 1e3, step_ms[0][1:].sum().item() / 1e3
+    assert first_step_s > 0 and later_s > 0
+    # the first step and the Python around the call; not its later steps
+    assert first_step_s <= proposal.first_forward_seconds <= proposal.seconds - later_s
     calls.clear()
+    step_ms.clear()
     worker.propose(reqs, [2, 5]).result()
     assert calls == [2, 3]
+    assert step_ms[1] is None  # only the first call's steps are timed
