@@ -112,15 +112,6 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                             "itself, 8 rows' work a thread at batch 8), the same bits. "
                             "SmolLM2-135M's batch-8 draft forward 8.4% and 3.9% faster on two "
                             "16-core Xeon hosts"),
-    "VLLM_CPU_INPUT_PREFETCH": (_one_of("0", "1"), "0",
-                                "each thread of a packed linear in decode_layers asks for all "
-                                "its input rows into its L2 before its first task (read by the "
-                                "kernel at each call), a hint: the same bits"),
-    "VLLM_CPU_DEMOTE": (_one_of("0", "1"), "0",
-                        "decode_layers' threads push the lines they wrote for other threads "
-                        "(a linear's output columns, a folded norm's rows, the attention's "
-                        "output rows) to the shared L3 with cldemote (read by the kernel at "
-                        "each call), a hint: the same bits"),
     "VLLM_CPU_GREEDY_STEP": (_one_of("0", "1"), "1",
                              "a CPU draft's plain-greedy one-token steps run the embedding, "
                              "decode_layers and linear_argmax directly instead of through the "

@@ -9,7 +9,6 @@
 
 #include "core/checks.h"
 #include "cpu/attention.h"
-#include "cpu/line_hints.h"
 #include "cpu/new_tokens.h"
 #include "cpu/team.h"
 #include "cpu/vec.h"
@@ -549,15 +548,6 @@ void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cach
   std::unique_ptr<std::atomic<int64_t>[]> finished(new std::atomic<int64_t>[num_tasks]);
   for (int64_t i = 0; i < num_tasks; ++i) finished[i].store(0, std::memory_order_relaxed);
   const int64_t grain = small ? std::max<int64_t>(1, static_cast<int64_t>(parts.size())) : 1;
-  // VLLM_CPU_DEMOTE: a finished task's output rows (its tokens' heads of its KV head) to the
-  // shared cache, for the o projection's threads (line_hints.h)
-  const bool demote = line_hints().demote_output && !small;
-  T* const out_rows = out.data_ptr<T>();
-  const auto demote_task = [&](const Task& task, int64_t q_start) {
-    demote_rows(out_rows + ((q_start + task.q_begin) * num_heads + task.kv_head * group) * HEAD_SIZE,
-                task.q_end - task.q_begin, num_heads * HEAD_SIZE * sizeof(T),
-                group * HEAD_SIZE * sizeof(T));
-  };
   parallel_for(0, parts.size(), grain, [&](int64_t begin, int64_t end) {
     std::vector<float> q_rows, scores, acc;
     thread_local std::vector<T> rotated;  // nt: this thread's rotated query rows
@@ -579,13 +569,11 @@ void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cach
       }
       local.run(task, q_start, qsl[task.seq + 1] - q_start, ctx[task.seq], q_rows, scores, acc,
                 part.partial != nullptr ? &part : nullptr);
-      if (part.partial == nullptr) {
-        if (demote) demote_task(task, q_start);
-      } else if (finished[part.task].fetch_add(1, std::memory_order_acq_rel) ==
-                 num_parts[part.task] - 1) {
+      if (part.partial != nullptr &&
+          finished[part.task].fetch_add(1, std::memory_order_acq_rel) ==
+              num_parts[part.task] - 1) {
         local.merge_parts(task, q_start, parts.data() + first_part[part.task],
                           num_parts[part.task]);
-        if (demote) demote_task(task, q_start);
       }
     }
   });

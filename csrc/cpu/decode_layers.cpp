@@ -12,7 +12,6 @@
 
 #include "cpu/attention.h"
 #include "cpu/layer_folds.h"
-#include "cpu/line_hints.h"
 #include "cpu/linear.h"
 #include "cpu/stage_clock.h"
 #include "cpu/switches.h"
@@ -98,7 +97,6 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
                    const std::optional<at::Tensor>& stage_ms) {
   StageClock clock(stage_ms);
   SmallOpSplit split;
-  ScopedLineHints hints;
   const int64_t num_layers = static_cast<int64_t>(key_caches.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kTensorsPerLayer * num_layers &&
                   value_caches.size() == key_caches.size(),

@@ -13,7 +13,6 @@
 
 #include <vector>
 
-#include "cpu/line_hints.h"
 #include "cpu/linear.h"
 #include "cpu/row_ops.h"
 #include "cpu/team.h"
@@ -39,18 +38,13 @@ class LayerFold final : public LinearFold {
         rows_(x.size(0)), hidden_(x.size(1)), epsilon_(static_cast<float>(epsilon)),
         out_(out.data_ptr<T>()), ldo_(out.stride(0)),
         act_(act != nullptr ? act->data_ptr<T>() : nullptr),
-        lda_(act != nullptr ? act->stride(0) : 0), d_(act != nullptr ? act->size(1) : 0),
-        demote_(line_hints().demote_output) {}
+        lda_(act != nullptr ? act->stride(0) : 0), d_(act != nullptr ? act->size(1) : 0) {}
 
   const T* input(bool first, int64_t* ld) const override {
     *ld = hidden_;
     if (shared_ != nullptr) {
       for (int64_t r; (r = claimed_.v.fetch_add(1, std::memory_order_relaxed)) < rows_;) {
         norm_row(r, shared_, residual_out_);
-        if (demote_) {  // both read by other threads: this loop's, the next norm's
-          demote_rows(shared_ + r * hidden_, 1, 0, 2 * hidden_);
-          demote_rows(residual_out_ + r * hidden_, 1, 0, 2 * hidden_);
-        }
         done_.v.fetch_add(1, std::memory_order_release);
       }
       spin_until([&] { return done_.v.load(std::memory_order_acquire) == rows_; });
@@ -72,11 +66,6 @@ class LayerFold final : public LinearFold {
       const T* gate = out_ + r * ldo_;
       silu_mul_span(act_ + r * lda_ + n0, gate + n0, gate + d_ + n0, n1 - n0);
     }
-  }
-
-  // act's columns of the thread's chunk, read by the down projection's threads
-  void chunk_done(int64_t n0, int64_t n1) const override {
-    if (act_ != nullptr && demote_) demote_rows(act_ + n0, rows_, 2 * lda_, 2 * (n1 - n0));
   }
 
  private:
@@ -103,7 +92,6 @@ class LayerFold final : public LinearFold {
   int64_t ldo_;
   T* act_;
   int64_t lda_, d_;
-  bool demote_;  // VLLM_CPU_DEMOTE (line_hints.h)
 };
 
 }  // namespace vllm_cpu

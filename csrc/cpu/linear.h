@@ -69,10 +69,6 @@ class LinearFold {
     (void)n0;
     (void)n1;
   }
-  // Whether other threads read out after the loop (VLLM_CPU_DEMOTE pushes a thread's columns
-  // of it to the shared cache where they do); not where the fold consumes them on the thread
-  // that wrote them (silu of gate and up, the LM head's maxima).
-  virtual bool output_shared() const { return !paired(); }
 };
 
 // out = input @ weight^T (+ bias) for [rows, in] tensors of contiguous rows: linear_small_impl
@@ -117,19 +113,15 @@ void check_packed(const at::Tensor& packed, const at::Tensor& weight);
 // writes out's columns of panels pb .. pb + nb (nb <= most) from input rows x, on the calling
 // thread, between begin() and end() (once a chunk of tasks: the AMX tile configuration); the
 // calling thread's next panels, if any, are pb + nb .. next_end (a kernel may prefetch them).
-// It writes m_dim rows of out, ldo apart.
 class PanelKernel {
  public:
-  PanelKernel(int64_t most, c10::BFloat16* out, int64_t ldo, int64_t m_dim)
-      : most(most), out(out), ldo(ldo), m_dim(m_dim) {}
+  explicit PanelKernel(int64_t most) : most(most) {}
   virtual ~PanelKernel() = default;
   virtual void begin() const {}
   virtual void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
                    int64_t next_end) const = 0;
   virtual void end() const {}
   const int64_t most;
-  c10::BFloat16* const out;
-  const int64_t ldo, m_dim;
 };
 // A packed linear of n_dim outputs and k_dim inputs as one parallel loop over tasks of panels
 // (panels_per_task; at least ~32 KB of weights a thread), each thread's input rows from fold

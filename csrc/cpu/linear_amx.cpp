@@ -405,22 +405,21 @@ class AmxPanels final : public PanelKernel {
  public:
   AmxPanels(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* packed,
             const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim)
-      : PanelKernel(m_dim <= kMaxRows ? kPackedPanels : m_dim <= kMaxPackedRows ? 2 : 1, out,
-                    ldo, m_dim),
-        packed_(packed), bias_(bias), n_(n_dim),
+      : PanelKernel(m_dim <= kMaxRows ? kPackedPanels : m_dim <= kMaxPackedRows ? 2 : 1),
+        out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim), n_(n_dim),
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),
         prefetch_(amx_prefetch()) {}
 
   void begin() const override {
-    if (m_dim <= kMaxRows) {
-      const auto m = static_cast<uint8_t>(m_dim);
+    if (m_ <= kMaxRows) {
+      const auto m = static_cast<uint8_t>(m_);
       load_tile_config({m, m, m, m, m, 16, 16, 16});
-    } else if (m_dim <= kMaxPackedRows) {
-      const auto m1 = static_cast<uint8_t>(m_dim - kMaxRows);
+    } else if (m_ <= kMaxPackedRows) {
+      const auto m1 = static_cast<uint8_t>(m_ - kMaxRows);
       load_tile_config({16, 16, m1, m1, 16, m1, 16, 16});
     } else {
-      const auto last = static_cast<uint8_t>(m_dim - (groups_ - 1) * kTileRows);
+      const auto last = static_cast<uint8_t>(m_ - (groups_ - 1) * kTileRows);
       if (groups_ == 3) {
         load_tile_config({16, 16, last, 0, 16, 16, last, 0});
       } else {
@@ -432,29 +431,29 @@ class AmxPanels final : public PanelKernel {
   void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
            int64_t next_end) const override {
     alignas(64) float c[4 * 256];
-    if (m_dim <= kMaxRows) {
+    if (m_ <= kMaxRows) {
       for_rows_left<kPackedPanels>(nb, [&](auto panels_now) {
         packed_panels_amx<decltype(panels_now)::value>(c, x, ldx, packed_, pairs_, steps_, pb,
                                                        prefetch_, next_end);
       });
-      write_panels(out, ldo, c, bias_, m_dim, n_, pb, nb);
-    } else if (m_dim <= kMaxPackedRows) {
+      write_panels(out_, ldo_, c, bias_, m_, n_, pb, nb);
+    } else if (m_ <= kMaxPackedRows) {
       if (nb == 2) {
         packed_panels_amx2<2>(c, x, ldx, packed_, pairs_, steps_, pb, prefetch_, next_end);
       } else {
         packed_panels_amx2<1>(c, x, ldx, packed_, pairs_, steps_, pb, prefetch_, next_end);
       }
-      write_panels(out, ldo, c, bias_, kMaxRows, n_, pb, nb);
-      write_panels(out + kMaxRows * ldo, ldo, c + 256 * nb, bias_, m_dim - kMaxRows, n_, pb, nb);
+      write_panels(out_, ldo_, c, bias_, kMaxRows, n_, pb, nb);
+      write_panels(out_ + kMaxRows * ldo_, ldo_, c + 256 * nb, bias_, m_ - kMaxRows, n_, pb, nb);
     } else {
-      const int64_t last = m_dim - (groups_ - 1) * kTileRows;
+      const int64_t last = m_ - (groups_ - 1) * kTileRows;
       if (groups_ == 3) {
         packed_panel_groups_amx<3>(c, x, ldx, packed_, pairs_, steps_, pb);
       } else {
         packed_panel_groups_amx<4>(c, x, ldx, packed_, pairs_, steps_, pb);
       }
       for (int g = 0; g < groups_; ++g) {
-        write_panels(out + g * kTileRows * ldo, ldo, c + 256 * g, bias_,
+        write_panels(out_ + g * kTileRows * ldo_, ldo_, c + 256 * g, bias_,
                      g + 1 < groups_ ? kTileRows : last, n_, pb, 1);
       }
     }
@@ -463,8 +462,10 @@ class AmxPanels final : public PanelKernel {
   void end() const override { release_tiles(); }
 
  private:
+  c10::BFloat16* out_;
+  int64_t ldo_;
   const c10::BFloat16 *packed_, *bias_;
-  int64_t n_, pairs_, steps_;
+  int64_t m_, n_, pairs_, steps_;
   int groups_;
   bool prefetch_;
 };

@@ -91,7 +91,6 @@ class ArgmaxFold final : public LinearFold {
   void chunk_done(int64_t n0, int64_t n1) const override {
     chunk_max(logits_, ld_, rows_, n0, n1, partial_, next_);
   }
-  bool output_shared() const override { return false; }  // the maxima read them, here
 
  private:
   const T* logits_;

@@ -18,7 +18,6 @@
 #include <cstring>
 
 #include "core/checks.h"
-#include "cpu/line_hints.h"
 #include "cpu/team.h"
 #include "ops.h"
 
@@ -140,21 +139,23 @@ class PackedTiles final : public PanelKernel {
  public:
   PackedTiles(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* packed,
               const c10::BFloat16* bias, int64_t m_dim, int64_t n_dim, int64_t k_dim)
-      : PanelKernel(kPanels, out, ldo, m_dim), packed_(packed), bias_(bias), n_(n_dim),
-        k_(k_dim) {}
+      : PanelKernel(kPanels), out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim),
+        n_(n_dim), k_(k_dim) {}
   void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
            int64_t next_end) const override {
     (void)next_end;  // the hardware prefetcher follows a panel into the next (kPrefetchElems)
     if (nb == kPanels) {
-      packed_panels<kPanels>(out, ldo, x, ldx, packed_, bias_, m_dim, n_, k_, pb);
+      packed_panels<kPanels>(out_, ldo_, x, ldx, packed_, bias_, m_, n_, k_, pb);
     } else {
-      packed_panels<1>(out, ldo, x, ldx, packed_, bias_, m_dim, n_, k_, pb);
+      packed_panels<1>(out_, ldo_, x, ldx, packed_, bias_, m_, n_, k_, pb);
     }
   }
 
  private:
+  c10::BFloat16* out_;
+  int64_t ldo_;
   const c10::BFloat16 *packed_, *bias_;
-  int64_t n_, k_;
+  int64_t m_, n_, k_;
 };
 
 }  // namespace
@@ -187,9 +188,6 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
   // contiguous blocks of tasks per thread, at least ~32 KB of weights each
   const int64_t task_bytes = k_dim * 2 * kPackRows * per * (paired ? 2 : 1);
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / task_bytes);
-  const LineHints hints = line_hints();
-  const bool demote = hints.demote_output && (fold == nullptr || fold->output_shared());
-  const int64_t out_cols = paired ? n_dim / 2 : n_dim;
   parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     int64_t ld = ldx;
     const c10::BFloat16* rows = fold != nullptr ? fold->input(begin == 0, &ld) : nullptr;
@@ -197,7 +195,6 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
       rows = x;
       ld = ldx;
     }
-    if (hints.prefetch_input) prefetch_rows(rows, kernel.m_dim, 2 * ld, 2 * k_dim);
     const int64_t next_end = std::min(end * per, span);  // this thread's panels' end
     kernel.begin();
     for (int64_t t = begin; t < end; ++t) {
@@ -205,12 +202,15 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
       const int nb = static_cast<int>(std::min(per, span - pb));
       kernel.run(pb, nb, rows, ld, next_end);
       if (paired) kernel.run(span + pb, nb, rows, ld, span + next_end);
-      if (fold != nullptr) fold->output(pb * kPackRows, std::min((pb + nb) * kPackRows, out_cols));
+      if (fold != nullptr) {
+        fold->output(pb * kPackRows, std::min((pb + nb) * kPackRows, paired ? n_dim / 2 : n_dim));
+      }
     }
     kernel.end();
-    const int64_t n0 = begin * per * kPackRows, n1 = std::min(next_end * kPackRows, out_cols);
-    if (fold != nullptr) fold->chunk_done(n0, n1);
-    if (demote) demote_rows(kernel.out + n0, kernel.m_dim, 2 * kernel.ldo, 2 * (n1 - n0));
+    if (fold != nullptr) {
+      fold->chunk_done(begin * per * kPackRows,
+                       std::min(next_end * kPackRows, paired ? n_dim / 2 : n_dim));
+    }
   });
 }
 

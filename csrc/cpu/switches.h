@@ -1,5 +1,5 @@
-// The CPU decode path's 0/1 settings, read at every call, on (1) by default (switch_or: the
-// default given); any other value is an error naming it.
+// The CPU decode path's 0/1 settings, read at every call, on (1) by default; any other value is
+// an error naming it.
 //   VLLM_CPU_DECODE_TEAM: a decode_layers step, or all of a greedy_steps call's steps, in one
 //     parallel region, its loops handed to the region's spinning threads (team.h); 0: a region
 //     per loop.
@@ -18,14 +18,11 @@
 
 namespace vllm_cpu {
 
-inline bool switch_or(const char* name, bool unset) {
+inline bool switched_on(const char* name) {
   const char* v = std::getenv(name);
-  if (v == nullptr) return unset;
-  if (std::strcmp(v, "1") == 0) return true;
+  if (v == nullptr || std::strcmp(v, "1") == 0) return true;
   TORCH_CHECK(std::strcmp(v, "0") == 0, name, " must be 0 or 1, got '", v, "'");
   return false;
 }
-
-inline bool switched_on(const char* name) { return switch_or(name, true); }
 
 }  // namespace vllm_cpu
