@@ -15,6 +15,7 @@
 #   DRAFT_TAG a suffix for its files, DRAFT_STEPS forwards a draft call (--steps, default 1),
 #   DRAFT_CONTEXT each sequence's prompt before the timed forwards (--context, default 256),
 #   DRAFT_HOLD=1 every timed call at that context (--hold-context: set back after each call),
+#   DRAFT_FORWARDS timed forwards a row (default 48),
 #   DRAFT_SETTINGS settings timed in turns (benchmark_draft.py
 #   --settings, e.g. "team:VLLM_CPU_DECODE_TEAM=1;no team:VLLM_CPU_DECODE_TEAM=0"),
 #   DRAFT_PROFILE=1 for an op profile of each shape's batch-8
@@ -202,7 +203,7 @@ if want draft; then
   done
   "$PY" benchmarks/benchmark_draft.py --model /tmp/draft-20m,/tmp/llama-68m,/tmp/smollm2-135m \
     --load-format dummy --dtypes bfloat16 --threads "${DRAFT_THREADS:-1,2,4,8,16}" --batch-sizes 1,8 \
-    --paths "${DRAFT_PATHS:-fused,native}" --num-forwards 48 --settings "${DRAFT_SETTINGS:-default}" \
+    --paths "${DRAFT_PATHS:-fused,native}" --num-forwards "${DRAFT_FORWARDS:-48}" --settings "${DRAFT_SETTINGS:-default}" \
     --steps "${DRAFT_STEPS:-1}" --context "${DRAFT_CONTEXT:-256}" ${DRAFT_HOLD:+--hold-context} \
     --output-json "$OUT_DIR/draft_forward${DRAFT_TAG:-}.json" \
     > "$OUT_DIR/draft_forward${DRAFT_TAG:-}.log" 2>&1 || status=1
