@@ -47,7 +47,9 @@ class LayerFold final : public LinearFold {
         norm_row(r, shared_, residual_out_);
         done_.v.fetch_add(1, std::memory_order_release);
       }
+      trace(kTrNormMine);
       spin_until([&] { return done_.v.load(std::memory_order_acquire) == rows_; });
+      trace(kTrNormWait);
       return shared_;
     }
     thread_local std::vector<T> buf;  // the normalised rows, then the sums (not `first`)

@@ -207,6 +207,7 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
       }
     }
     kernel.end();
+    trace(kTrTiles);
     if (fold != nullptr) {
       fold->chunk_done(begin * per * kPackRows,
                        std::min(next_end * kPackRows, paired ? n_dim / 2 : n_dim));

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <optional>
 
+#include "cpu/trace.h"
 #include "ops.h"
 
 namespace vllm_cpu {
@@ -31,6 +32,7 @@ class StageClock {
   }
   // the time since the last mark (or restart) goes to stage
   void mark(DecodeStage stage) {
+    trace(kTrMark, stage);
     if (ms_ == nullptr) return;
     const auto now = std::chrono::steady_clock::now();
     ms_[stage] += std::chrono::duration<double, std::milli>(now - last_).count();

@@ -25,6 +25,8 @@
 #include <mutex>
 #include <thread>
 
+#include "cpu/trace.h"
+
 namespace vllm_cpu {
 
 // Waits until ready(): a pause instruction between reads at first; after kSpinsBeforeYield of
@@ -76,17 +78,20 @@ class Team {
       if (omp_get_thread_num() == 0) {
         team.size_ = omp_get_num_threads();
         active() = &team;
+        trace(kTrTeamStart);
         try {
           step();
         } catch (...) {
           error = std::current_exception();
         }
+        trace(kTrTeamEnd);
         active() = nullptr;
         team.generation_.v.store(kStop, std::memory_order_release);
       } else {
         team.serve(omp_get_thread_num());
       }
     }
+    trace_flush();
     if (error) std::rethrow_exception(error);
   }
 
@@ -113,9 +118,11 @@ class Team {
     end_ = end;
     chunk_ = (range + chunks - 1) / chunks;
     const int64_t loop = ++issued_;
+    trace(kTrIssue, loop);
     generation_.v.store(loop, std::memory_order_release);
     active() = nullptr;  // a loop inside this chunk runs inline (as in at::parallel_for)
     run_chunk(0);
+    trace(kTrOwnDone, loop);
     active() = this;
     // each thread's flag, read in passes over all of them (their loads independent): a shared
     // counter that every thread increments moves its line between the cores once per thread
@@ -127,6 +134,7 @@ class Team {
       }
       return done == size_ - 1;
     });
+    trace(kTrAllDone, loop);
     if (loop_error_) {
       std::exception_ptr e = loop_error_;
       loop_error_ = nullptr;
@@ -147,7 +155,9 @@ class Team {
       spin_until([&] { return (g = generation_.v.load(std::memory_order_acquire)) != seen; });
       if (g == kStop) return;
       seen = g;
+      trace(kTrSeen, g);
       run_chunk(tid);
+      trace(kTrDone, g);
       finished_[tid].v.store(g, std::memory_order_release);
     }
   }

@@ -1,0 +1,59 @@
+"""The CPU decode step's timeline (VLLM_CPU_TRACE_FILE, csrc/cpu/trace.h) and the lab that reads
+it (benchmarks/lab/cpu_step_trace.py): every loop the team's master hands over is seen and done
+by each worker in order, and the lab finds each layer's loops in its stages. The file is read
+once a process, so the traced drafts run in a child process."""
+import os
+import subprocess
+import sys
+
+from benchmarks.lab.cpu_step_trace import (ALL_DONE, DONE, ISSUE, OWN_DONE, SEEN, loop_costs,
+                                           per_forward, read_calls)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHILD = """
+import sys, types, torch
+sys.path.insert(0, {root!r})
+from benchmarks.benchmark_draft import make_draft
+from vllm import SamplingParams
+from vllm.core.request import Request
+args = types.SimpleNamespace(load_format="auto", context=8, num_forwards=2, steps=2,
+                             settings="default", batch_sizes=[3])
+draft = make_draft(args, {model!r}, "float32")
+torch.set_num_threads(2)
+reqs = [Request(str(i), None, list(range(5 + i, 13 + i)), SamplingParams(temperature=0.0), None)
+        for i in range(3)]
+draft.propose(reqs, [1] * 3).result()
+with torch.inference_mode():
+    for _ in range(2):
+        draft._draft(reqs, [2] * 3)
+"""
+
+
+def run_child(model: str, trace) -> None:
+    env = dict(os.environ, VLLM_CPU_TRACE_FILE=str(trace))
+    subprocess.run([sys.executable, "-c", CHILD.format(root=ROOT, model=model)], env=env,
+                   check=True, cwd=ROOT, capture_output=True)
+
+
+def test_the_timeline_orders_every_hand_over(tiny_llama, tmp_path):
+    """Two greedy draft calls of 2 forwards at 3 rows, 2 threads: each call's file section has
+    every loop issued by the master, seen and done by the worker, then seen done by the master,
+    in time order; the lab counts one qkv, o, gate/up and down loop a layer a forward (the
+    tiny model's 2 layers)."""
+    trace = tmp_path / "trace.txt"
+    run_child(tiny_llama, trace)
+    calls, rate = read_calls(str(trace))
+    assert len(calls) == 2 and rate > 0  # the two drafts (the prefill runs without a team)
+    for records in calls[-2:]:
+        master = {(e, a): tsc for t, e, a, tsc in records if t == 0}
+        worker = {(e, a): tsc for t, e, a, tsc in records if t == 1}
+        loops = sorted(a for (e, a) in master if e == ISSUE)
+        assert loops
+        for loop in loops:
+            issue, own, done_all = (master[(e, loop)] for e in (ISSUE, OWN_DONE, ALL_DONE))
+            seen, done = worker[(SEEN, loop)], worker[(DONE, loop)]
+            assert issue <= seen <= done <= done_all and issue <= own <= done_all, loop
+    summary = per_forward([loop_costs(r, rate) for r in calls[-2:]], 2)
+    for stage in ("qkv", "o", "gate_up", "down"):
+        assert summary[stage]["loops"] == 2, (stage, summary[stage])
+        assert summary[stage]["loop"] >= summary[stage]["work"] > 0, (stage, summary[stage])
