@@ -155,6 +155,11 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                 "the attention layers rotate queries and keys and write the "
                                 "paged cache in one vllm._C call (one CUDA launch instead of "
                                 "two); off: rotary_embedding, then reshape_and_cache"),
+    "VLLM_CPU_TRACE_FILE": (str, "",
+                            "a file to which the CPU decode step's threads append a timeline "
+                            "(hand-overs, stage marks, a folded norm's wait, a packed "
+                            "linear's tiles; read by the extension once a process; "
+                            "benchmarks/lab/cpu_step_trace.py reads it); unset: none"),
     "VLLM_MODEL_CACHE": (str, "", "where fetched GGUF models are cached; default "
                          "~/.cache/vllm-hetero/models"),
     "VLLM_LOGGING_LEVEL": (str.upper, "INFO", "log level of the vllm logger"),

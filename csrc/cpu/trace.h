@@ -33,8 +33,12 @@ enum TraceEvent : int32_t {
   kTrTeamEnd,      // master: the region's step done
 };
 
+// The file named by VLLM_CPU_TRACE_FILE (read once a process), or nullptr (unset or empty).
 inline const char* trace_file() {
-  static const char* path = std::getenv("VLLM_CPU_TRACE_FILE");
+  static const char* path = [] {
+    const char* p = std::getenv("VLLM_CPU_TRACE_FILE");
+    return p != nullptr && *p != '\0' ? p : nullptr;
+  }();
   return path;
 }
 
@@ -100,7 +104,10 @@ inline void trace_flush() {
   if (trace_file() == nullptr) return;
   const std::lock_guard<std::mutex> g(TraceBuffer::lock());
   FILE* f = std::fopen(trace_file(), "a");
-  if (f == nullptr) return;
+  if (f == nullptr) {  // (nothing kept: the buffers do not grow)
+    for (TraceBuffer* b : TraceBuffer::all()) b->records.clear();
+    return;
+  }
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::steady_clock::now().time_since_epoch())
                       .count();
