@@ -245,7 +245,12 @@ def plot_draft(result: dict, path: str) -> str:
     staged = [r for r in rows if r.get("stage_ms")]
     fig, axes = figure(len(models) + (1 if staged else 0))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    one_count = all(len({r["threads"] for r in rows if r.get("model", "?") == m}) == 1
+                    for m in models)
     for ax, name in zip(axes, models):
+        if one_count and rows:  # one thread count: the settings side by side
+            plot_draft_settings(ax, [r for r in rows if r.get("model", "?") == name], colors)
+            continue
         lines = defaultdict(list)
         for r in rows:
             if r.get("model", "?") == name:
@@ -282,6 +287,38 @@ def plot_draft(result: dict, path: str) -> str:
     what = (f"CPU draft forward (dashed: weights + KV over the host's copy rate), context "
             f"{result.get('mean_context', result.get('context', '?'))}")
     return save(fig, title_of(what, [result], host=True), path, bottom)
+
+
+def plot_draft_settings(ax, rows: list[dict], colors: list) -> None:
+    """One model's rows at one thread count as bars: a group per path (a setting of an A/B), a
+    bar per batch size and dtype (its median; a tick at its minimum; its floor a dashed step in
+    the bar's colour). The maxima are left out: a host's occasional 10x forward would set the
+    scale."""
+    paths = list(dict.fromkeys(r.get("path", "") for r in rows))
+    series = sorted({(r.get("batch_size", 1), r.get("dtype", "?")) for r in rows}, key=str)
+    width = 0.8 / max(1, len(series))
+    for i, (bs, dtype) in enumerate(series):
+        color = colors[i % len(colors)]
+        for j, path_ in enumerate(paths):
+            r = next((r for r in rows if r.get("path", "") == path_
+                      and (r.get("batch_size", 1), r.get("dtype", "?")) == (bs, dtype)), None)
+            if r is None:
+                continue
+            x = j - 0.4 + width * (i + 0.5)
+            ax.bar(x, value(r["ms_per_forward"]), width * 0.9, color=color,
+                   label=f"batch {bs}, {dtype}" if j == 0 else None)
+            if "min" in r:
+                ax.plot([x - width * 0.3, x + width * 0.3], [r["min"]] * 2, color="black", lw=1)
+            if "floor_ms" in r:
+                ax.plot([x - width * 0.45, x + width * 0.45], [value(r["floor_ms"])] * 2, "--",
+                        color=color, lw=1.2, label=f"batch {bs}, {dtype}: floor" if j == 0 else None)
+    ax.set_xticks(range(len(paths)))
+    ax.set_xticklabels([p or "default" for p in paths], fontsize=7, rotation=30, ha="right")
+    ax.set_ylabel(f"ms a forward at {rows[0]['threads']} threads (median; tick: min)",
+                  fontsize=8)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_title(model_name(rows[0].get("model")), fontsize=10)
 
 
 def stage_bars(rows: list[dict]) -> dict:

@@ -219,3 +219,25 @@ def test_draft_stage_bars_keep_each_setting():
     picked = plots.stage_bars(rows)
     assert sorted(picked) == [("m", b, p) for b in (1, 8) for p in ("fused fold", "fused no fold")]
     assert all(r["threads"] == 16 for r in picked.values())
+
+
+def test_draft_settings_at_one_thread_count_are_bars(tmp_path):
+    """A run at one thread count (an A/B of settings: a path each) draws each model's rows as
+    bars, a group per setting and a bar per batch size at its median, and writes the picture."""
+    import matplotlib.pyplot as plt
+    rows = [{"model": m, "batch_size": b, "dtype": "bfloat16", "path": p, "threads": 16,
+             "ms_per_forward": 0.2 * b ** .2 + i * 0.01, "min": 0.15, "max": 9.0,
+             "floor_ms": 0.25, "stage_ms": {"qkv": 0.05}}
+            for m in ("/m/draft-20m", "/m/llama-68m") for b in (1, 8)
+            for i, p in enumerate(("fused default", "fused pf"))]
+    fig, ax = plt.subplots()
+    plots.plot_draft_settings(ax, [r for r in rows if r["model"] == "/m/draft-20m"],
+                              ["C0", "C1"])
+    heights = sorted(round(bar.get_height(), 6) for bar in ax.patches)
+    assert heights == sorted(round(r["ms_per_forward"], 6) for r in rows
+                             if r["model"] == "/m/draft-20m")
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["fused default", "fused pf"]
+    plt.close(fig)
+    out = tmp_path / "settings.png"
+    plots.plot_draft({"provenance": PROV, "context": 16, "rows": rows}, str(out))
+    check_png(out)
