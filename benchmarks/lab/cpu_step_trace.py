@@ -2,14 +2,19 @@
 proposals (k = STEPS forwards a call, every sequence held at a CONTEXT-token context, as
 benchmark_draft.py --hold-context times them) with the extension's timeline on
 (VLLM_CPU_TRACE_FILE, csrc/cpu/trace.h), at batch 1 and 8. Per stage (the loops between two of
-decode_layers' stage marks), us a forward (medians over the timed calls' forwards):
-  loops    the team's loops in the stage
-  serial   the master's own work before each loop's hand-over (checks, views, inline small ops)
-  wake     the hand-over until a worker sees the loop (median worker; max in brackets)
-  work     a thread's chunk (the slowest thread's; median thread in brackets)
-  norm     a folded norm's rows claimed by a thread, then its wait for every row (slowest)
-  tail     the last worker's chunk done until the master has seen every flag
-  loop     the hand-over until the master has seen every flag
+decode_layers' stage marks), us a forward (the median call's sums over its loops, over its
+forwards):
+  loops        the team's loops in the stage
+  serial       the master's own work before each loop's hand-over (checks, views, the small
+               ops it runs inline: a batch-1 norm, a small attention)
+  wake         the hand-over until a worker sees the loop (the median worker; wake_max: the
+               last)
+  work         the slowest thread's chunk (work_median: the median thread's; the master's
+               from the hand-over)
+  norm_rows    a folded norm: the rows a thread claimed, done (the slowest thread);
+  norm_wait    then its wait for every row (the longest)
+  tail         the last chunk done until the master has seen every flag
+  loop         the hand-over until the master has seen every flag
 Usage: python benchmarks/lab/cpu_step_trace.py MODEL_DIR [THREADS] [CALLS] [DTYPE]"""
 import collections
 import os
