@@ -84,6 +84,8 @@ if [ -z "${VLLM_KEEP_CXX:-}" ] && [ -x /usr/bin/g++ ]; then
 fi
 status=0
 want() { [ "$STAGE" = all ] || [[ ",$STAGE," == *",$1,"* ]]; }
+# each named shape's config (benchmarks/model_shapes.py, dummy weights) in /tmp/<shape>
+shapes() { local s; for s in "$@"; do "$PY" -m benchmarks.model_shapes "$s" "/tmp/$s" > /dev/null 2>&1; done; }
 
 if ls .whl/*.whl > /dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -137,7 +139,7 @@ if want bench; then
   echo "== kernel benchmarks"
   "$PY" benchmarks/benchmark_kernels.py --device all --dtype bfloat16 --output-json "$OUT_DIR/kernels_bf16.json" 2>&1 | tail -22
   echo "== decode latency: Llama-2-7B shape, dummy weights, bf16, vs transformers eager"
-  "$PY" -m benchmarks.model_shapes llama-2-7b /tmp/llama-2-7b > /dev/null 2>&1
+  shapes llama-2-7b
   for bs in 1 32; do
     "$PY" benchmarks/benchmark_latency.py --model /tmp/llama-2-7b --load-format dummy \
       --dtype bfloat16 --batch-size $bs --input-len 128 --output-len 64 --num-iters 3 \
@@ -146,8 +148,7 @@ if want bench; then
   done
 fi
 if want spec; then
-  "$PY" -m benchmarks.model_shapes llama-2-7b /tmp/llama-2-7b > /dev/null 2>&1
-  "$PY" -m benchmarks.model_shapes llama-68m /tmp/llama-68m > /dev/null 2>&1
+  shapes llama-2-7b llama-68m
   DRAFT="--speculative-model /tmp/llama-68m --cpu-draft-worker"
   SPEC="$DRAFT --num-speculative-tokens 4"
   DUMMY="--load-format dummy --dtype bfloat16 --max-model-len 1024"
@@ -186,7 +187,7 @@ if want tp; then
       > "$OUT_DIR/tests_tp.log" 2>&1 || status=1
     tail -3 "$OUT_DIR/tests_tp.log"
     echo "== decode latency: Llama-2-7B shape, dummy weights, bf16, tp=1 vs tp=$N"
-    "$PY" -m benchmarks.model_shapes llama-2-7b /tmp/llama-2-7b > /dev/null 2>&1
+    shapes llama-2-7b
     for tp in 1 "$N"; do
       for bs in 1 32; do
         echo "-- tp $tp, batch $bs"
@@ -201,9 +202,7 @@ fi
 if want draft; then
   echo "== the CPU decode forward on this host: three draft shapes, bf16, batch 1 and 8, threads,"
   echo "   fused (decode_layers) vs native (per-op) paths"
-  for s in draft-20m llama-68m smollm2-135m; do
-    "$PY" -m benchmarks.model_shapes $s /tmp/$s > /dev/null 2>&1
-  done
+  shapes draft-20m llama-68m smollm2-135m
   "$PY" benchmarks/benchmark_draft.py --model /tmp/draft-20m,/tmp/llama-68m,/tmp/smollm2-135m \
     --load-format dummy --dtypes bfloat16 --threads "${DRAFT_THREADS:-1,2,4,8,16}" --batch-sizes 1,8 \
     --paths "${DRAFT_PATHS:-fused,native}" --num-forwards "${DRAFT_FORWARDS:-48}" --settings "${DRAFT_SETTINGS:-default}" \
@@ -222,7 +221,7 @@ fi
 if want trace; then
   # where each stage's loops spend their time, thread by thread (benchmarks/lab/cpu_step_trace.py)
   for s in ${TRACE_SHAPES:-draft-20m llama-68m smollm2-135m}; do
-    "$PY" -m benchmarks.model_shapes $s /tmp/$s > /dev/null 2>&1
+    shapes $s
     echo "== the step's timeline: $s, bf16, $(nproc) threads, batch 1 and 8"
     "$PY" benchmarks/lab/cpu_step_trace.py /tmp/$s "$(nproc)" "${TRACE_CALLS:-64}" \
       > "$OUT_DIR/trace_$s.log" 2>&1 || status=1
@@ -274,8 +273,7 @@ fi
 if want goodput; then
   echo "== a never-accepted draft (random llama-68m shape on the CPU, random 7B-shape target),"
   echo "   k = 4, default settings (goodput controller on): plain vs speculative, 128 tokens"
-  "$PY" -m benchmarks.model_shapes llama-2-7b /tmp/llama-2-7b > /dev/null 2>&1
-  "$PY" -m benchmarks.model_shapes llama-68m /tmp/llama-68m > /dev/null 2>&1
+  shapes llama-2-7b llama-68m
   for bs in ${GOODPUT_BATCHES:-1 8 32}; do
     # GOODPUT_MODES: plain, and the speculative run as spec-spinauto / spec-spinoff
     # (VLLM_DRAFTER_SPIN: a spinning drafter may slow the engine's plain steps, e.g. by the
@@ -307,7 +305,7 @@ fi
 if want profile; then
   echo "== the target step by kernel: decode (q=1) and verification (q=5), 7B / 13B / 34B shapes"
   for shape in ${PROFILE_SHAPES:-llama-2-7b llama-2-13b codellama-34b}; do
-    "$PY" -m benchmarks.model_shapes $shape /tmp/$shape > /dev/null 2>&1
+    shapes $shape
     # PROFILE_VARIANTS: space-separated runs, each "default" or comma-joined VAR=value settings,
     # e.g. "VLLM_CUDA_ATTN_COMBINE=kernel,VLLM_FUSED_ROTARY_CACHE=0 default" (VLLM_CUDA_GEMV,
     # VLLM_CUDA_ATTN_PARTS, VLLM_CUDA_ATTN_COMBINE, VLLM_FUSED_ROTARY_CACHE, VLLM_CUDA_PDL:

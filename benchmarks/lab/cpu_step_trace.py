@@ -52,9 +52,10 @@ def read_calls(path: str) -> tuple[list[list[tuple]], float]:
             else:
                 t, e, a, tsc = line.split()
                 calls[-1].append((int(t), int(e), int(a), int(tsc)))
-    rate = ((clocks[-1][0] - clocks[0][0]) / (clocks[-1][1] - clocks[0][1])
-            if len(clocks) > 1 else 1.0)
-    return calls, rate
+    if len(clocks) < 2:  # one pair gives no rate: the times would be ticks, not us
+        raise ValueError(f"{path}: {len(clocks)} clock line(s); the counter's rate needs two "
+                         "flushes (two team regions)")
+    return calls, (clocks[-1][0] - clocks[0][0]) / (clocks[-1][1] - clocks[0][1])
 
 
 def loop_costs(records: list[tuple], rate: float) -> dict:

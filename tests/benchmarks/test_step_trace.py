@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.lab.cpu_step_trace import (ALL_DONE, DONE, ISSUE, OWN_DONE, SEEN, loop_costs,
                                            per_forward, read_calls)
 
@@ -39,12 +41,12 @@ def test_the_timeline_orders_every_hand_over(tiny_llama, tmp_path):
     """Two greedy draft calls of 2 forwards at 3 rows, 2 threads: each call's file section has
     every loop issued by the master, seen and done by the worker, then seen done by the master,
     in time order; the lab counts one qkv, o, gate/up and down loop a layer a forward (the
-    tiny model's 2 layers)."""
+    tiny model's 2 layers); a file of one region (no counter rate) is refused."""
     trace = tmp_path / "trace.txt"
     run_child(tiny_llama, trace)
     calls, rate = read_calls(str(trace))
     assert len(calls) == 2 and rate > 0  # the two drafts (the prefill runs without a team)
-    for records in calls[-2:]:
+    for records in calls:
         master = {(e, a): tsc for t, e, a, tsc in records if t == 0}
         worker = {(e, a): tsc for t, e, a, tsc in records if t == 1}
         loops = sorted(a for (e, a) in master if e == ISSUE)
@@ -53,7 +55,11 @@ def test_the_timeline_orders_every_hand_over(tiny_llama, tmp_path):
             issue, own, done_all = (master[(e, loop)] for e in (ISSUE, OWN_DONE, ALL_DONE))
             seen, done = worker[(SEEN, loop)], worker[(DONE, loop)]
             assert issue <= seen <= done <= done_all and issue <= own <= done_all, loop
-    summary = per_forward([loop_costs(r, rate) for r in calls[-2:]], 2)
+    summary = per_forward([loop_costs(r, rate) for r in calls], 2)
     for stage in ("qkv", "o", "gate_up", "down"):
         assert summary[stage]["loops"] == 2, (stage, summary[stage])
         assert summary[stage]["loop"] >= summary[stage]["work"] > 0, (stage, summary[stage])
+    one = tmp_path / "one.txt"  # a single region's file has no rate: refused, not read as us
+    one.write_text("# clock" + trace.read_text().split("# clock")[1])
+    with pytest.raises(ValueError, match="clock line"):
+        read_calls(str(one))
