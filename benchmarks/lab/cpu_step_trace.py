@@ -13,6 +13,9 @@ forwards):
                from the hand-over)
   norm_rows    a folded norm: the rows a thread claimed, done (the slowest thread);
   norm_wait    then its wait for every row (the longest)
+  tail_items   a loop with a tail (the attention after the qkv linear, VLLM_CPU_ATTENTION_TAIL):
+               the last thread's start of the tail's items (every chunk done) until the last
+               thread is done
   tail         the last chunk done until the master has seen every flag
   loop         the hand-over until the master has seen every flag
 Usage: python benchmarks/lab/cpu_step_trace.py MODEL_DIR [THREADS] [CALLS] [DTYPE]"""
@@ -35,7 +38,7 @@ from vllm.core.request import Request  # noqa: E402
 CONTEXT, STEPS, WARMUP = 16, 4, 16
 # csrc/cpu/trace.h's TraceEvent
 (TEAM_START, ISSUE, OWN_DONE, ALL_DONE, SEEN, DONE, MARK, NORM_MINE, NORM_WAIT, TILES,
- TEAM_END) = range(11)
+ TEAM_END, TAIL) = range(12)
 STAGE_NAMES = list(DECODE_STAGES) + [s for s in GREEDY_STAGES if s not in DECODE_STAGES]
 
 
@@ -70,8 +73,10 @@ def loop_costs(records: list[tuple], rate: float) -> dict:
         for _, e, a, tsc in recs:
             if e in (SEEN, ISSUE):
                 current = a
-            if current is not None and e in (SEEN, DONE, NORM_MINE, NORM_WAIT, TILES):
+            if current is not None and e in (SEEN, DONE, NORM_MINE, NORM_WAIT, TILES, TAIL):
                 by_loop[current][t][e] = tsc
+            if e == OWN_DONE:  # the master's own events of its loop end here
+                current = None
     out = collections.defaultdict(lambda: collections.defaultdict(list))
     pending, last_end = [], None
     us = 1e-3 / rate
@@ -110,6 +115,13 @@ def loop_costs(records: list[tuple], rate: float) -> dict:
                 if norms:
                     o["norm_rows"].append(max(n for n, _ in norms))
                     o["norm_wait"].append(max(w for _, w in norms))
+                # a tail's items (the attention after qkv), from the last thread's start of
+                # them (every chunk done) to the last done
+                tails = [w[TAIL] for w in workers.values() if TAIL in w]
+                if TAIL in mine:
+                    tails.append(mine[TAIL])
+                if tails:
+                    o["tail_items"].append((max(done + [p["own"]]) - max(tails)) * us)
             pending = []
     return out
 
@@ -164,7 +176,7 @@ def main() -> None:
     print(f"{model}, {dtype}, {threads} threads, context {CONTEXT}, {STEPS} forwards a call, "
           f"{calls} calls; us a forward (medians over calls)")
     cols = ["loops", "serial", "wake", "wake_max", "work", "work_median", "norm_rows",
-            "norm_wait", "tail", "loop"]
+            "norm_wait", "tail_items", "tail", "loop"]
     for batch in (1, 8):
         summary = trace_batch(draft, batch, calls, trace)
         print(f"batch {batch}\n  {'stage':13s}" + "".join(f"{c:>12s}" for c in cols))

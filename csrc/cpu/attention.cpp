@@ -461,135 +461,165 @@ struct AttentionTask {
   }
 };
 
+// A call's tasks and their parts, made before any of them runs (from the sequences' lengths
+// and block tables, not the query's values), then run over parts [begin, end) on any threads.
 // nt: the step's new tokens, rotated and cached by the tasks themselves (every sequence's
 // tokens one task: rotary_cache_attention checks); null: already in query and the caches.
 template <typename T, int HEAD_SIZE>
-void launch(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
-            const at::Tensor& value_cache, const at::Tensor& block_tables,
-            const at::Tensor& context_lens, const at::Tensor& query_start_loc, double scale,
-            const NewTokens<T>* nt) {
-  const int64_t num_seqs = context_lens.size(0);
-  const int64_t num_heads = query.size(1), num_kv_heads = key_cache.size(1);
-  const int64_t group = num_heads / num_kv_heads;
-  const int64_t max_tokens_per_task = std::max<int64_t>(1, kMaxRows / group);
-  const int* ctx = context_lens.data_ptr<int>();
-  const int* qsl = query_start_loc.data_ptr<int>();
-  const int64_t max_blocks = block_tables.size(1), block_size = key_cache.size(2);
-  TORCH_CHECK(block_size > 0 && (block_size & (block_size - 1)) == 0,
-              "paged_attention on the CPU takes a power-of-two block size, got ", block_size);
-  std::vector<Task> tasks;
-  for (int64_t s = 0; s < num_seqs; ++s) {
-    const int64_t q_len = qsl[s + 1] - qsl[s];
-    TORCH_CHECK(q_len >= 0 && qsl[s + 1] <= query.size(0), "query_start_loc is not a valid ",
-                "non-decreasing offset list into query's ", query.size(0), " tokens at sequence ", s);
-    TORCH_CHECK(ctx[s] >= q_len && ctx[s] <= max_blocks * block_size, "context_lens[", s, "] = ",
-                ctx[s], " must cover the sequence's ", q_len, " query tokens and fit its ",
-                max_blocks, " block-table entries of ", block_size, " tokens");
-    for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
-      for (int64_t b = 0; b < q_len; b += max_tokens_per_task) {
-        tasks.push_back({s, kvh, b, std::min(q_len, b + max_tokens_per_task)});
+class AttentionPlan final : public AttentionLoop {
+ public:
+  AttentionPlan(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                const at::Tensor& value_cache, const at::Tensor& block_tables,
+                const at::Tensor& context_lens, const at::Tensor& query_start_loc, double scale,
+                const NewTokens<T>* nt)
+      : kernel_{query.data_ptr<T>(), key_cache.data_ptr<T>(), value_cache.data_ptr<T>(), nullptr,
+                out.data_ptr<T>(), query.size(1), key_cache.size(1), key_cache.size(2),
+                0, static_cast<float>(scale), query.stride(0)},
+        ctx_(context_lens.data_ptr<int>()), qsl_(query_start_loc.data_ptr<int>()),
+        tables_(block_tables.data_ptr<int>()), max_blocks_(block_tables.size(1)),
+        rotated_elems_(query.size(0) * query.stride(0)), has_nt_(nt != nullptr) {
+    if (nt != nullptr) nt_ = *nt;
+    const int64_t num_seqs = context_lens.size(0);
+    const int64_t num_heads = query.size(1), num_kv_heads = key_cache.size(1);
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t max_tokens_per_task = std::max<int64_t>(1, kMaxRows / group);
+    const int* ctx = ctx_;
+    const int* qsl = qsl_;
+    const int64_t block_size = key_cache.size(2);
+    TORCH_CHECK(block_size > 0 && (block_size & (block_size - 1)) == 0,
+                "paged_attention on the CPU takes a power-of-two block size, got ", block_size);
+    kernel_.block_shift = __builtin_ctzll(static_cast<uint64_t>(block_size));
+    for (int64_t s = 0; s < num_seqs; ++s) {
+      const int64_t q_len = qsl[s + 1] - qsl[s];
+      TORCH_CHECK(q_len >= 0 && qsl[s + 1] <= query.size(0), "query_start_loc is not a valid ",
+                  "non-decreasing offset list into query's ", query.size(0),
+                  " tokens at sequence ", s);
+      TORCH_CHECK(ctx[s] >= q_len && ctx[s] <= max_blocks_ * block_size, "context_lens[", s,
+                  "] = ", ctx[s], " must cover the sequence's ", q_len, " query tokens and fit its ",
+                  max_blocks_, " block-table entries of ", block_size, " tokens");
+      for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
+        for (int64_t b = 0; b < q_len; b += max_tokens_per_task) {
+          tasks_.push_back({s, kvh, b, std::min(q_len, b + max_tokens_per_task)});
+        }
       }
     }
-  }
-  AttentionTask<T, HEAD_SIZE> kernel{query.data_ptr<T>(), key_cache.data_ptr<T>(),
-                                     value_cache.data_ptr<T>(), nullptr, out.data_ptr<T>(),
-                                     num_heads, num_kv_heads, block_size,
-                                     __builtin_ctzll(static_cast<uint64_t>(block_size)),
-                                     static_cast<float>(scale), query.stride(0)};
-  const int* tables = block_tables.data_ptr<int>();
-  // One thread for a small call: below ~64K multiply-adds and 32 KB of K/V together, waking
-  // the pool costs more than it saves. Above, a task per thread: the K/V rows of a decode
-  // step's sequences are cache misses (a layer's cache does not stay in cache between steps),
-  // so even a few thousand keys are worth spreading (a 1M multiply-add bound kept a batch of 8
-  // two-head sequences on one thread: 0.43 ms per layer on 2 cores, most of the draft's step).
-  int64_t macs = 0, kv_bytes = 0;
-  for (const Task& t : tasks) {
-    macs += static_cast<int64_t>(ctx[t.seq]) * (t.q_end - t.q_begin) * group * HEAD_SIZE;
-    kv_bytes += static_cast<int64_t>(ctx[t.seq]) * 2 * HEAD_SIZE * static_cast<int64_t>(sizeof(T));
-  }
-  const bool small = macs < (int64_t{1} << 16) && kv_bytes < (int64_t{32} << 10);
-  // Fewer tasks than twice the threads (a decode step of few sequences and KV heads: SmolLM2's
-  // 3 KV heads at batch 1 kept one of 2 threads idle half the attention's time, and would keep
-  // 13 of 16 idle on the H200's host): each decode task's keys are split into parts of
-  // kMinPartKeys keys or more, merged afterwards. A part with partial == nullptr is a whole task.
-  const int64_t threads = at::get_num_threads();
-  const int64_t num_tasks = static_cast<int64_t>(tasks.size());
-  const bool split = !small && num_tasks < 2 * threads;
-  std::vector<Part> parts;
-  std::vector<float> partials;
-  int64_t num_partial = 0;  // parts with a partial result
-  for (int64_t i = 0; i < num_tasks; ++i) {
-    const Task& t = tasks[i];
-    const int64_t c = ctx[t.seq];
-    int64_t n = 1;
-    if (split && qsl[t.seq + 1] - qsl[t.seq] == 1) {
-      n = std::min((2 * threads + num_tasks - 1) / num_tasks, c / kMinPartKeys);
+    // One thread for a small call: below ~64K multiply-adds and 32 KB of K/V together, waking
+    // the pool costs more than it saves. Above, a task per thread: the K/V rows of a decode
+    // step's sequences are cache misses (a layer's cache does not stay in cache between steps),
+    // so even a few thousand keys are worth spreading (a 1M multiply-add bound kept a batch of 8
+    // two-head sequences on one thread: 0.43 ms per layer on 2 cores, most of the draft's step).
+    int64_t macs = 0, kv_bytes = 0;
+    for (const Task& t : tasks_) {
+      macs += static_cast<int64_t>(ctx[t.seq]) * (t.q_end - t.q_begin) * group * HEAD_SIZE;
+      kv_bytes += static_cast<int64_t>(ctx[t.seq]) * 2 * HEAD_SIZE * static_cast<int64_t>(sizeof(T));
     }
-    if (n <= 1) {
-      parts.push_back({i, 0, 0, nullptr});
-      continue;
+    small_ = macs < (int64_t{1} << 16) && kv_bytes < (int64_t{32} << 10);
+    // Fewer tasks than twice the threads (a decode step of few sequences and KV heads: SmolLM2's
+    // 3 KV heads at batch 1 kept one of 2 threads idle half the attention's time, and would keep
+    // 13 of 16 idle on the H200's host): each decode task's keys are split into parts of
+    // kMinPartKeys keys or more, merged afterwards. A part with partial == nullptr is a whole
+    // task.
+    const int64_t threads = at::get_num_threads();
+    const int64_t num_tasks = static_cast<int64_t>(tasks_.size());
+    const bool split = !small_ && num_tasks < 2 * threads;
+    int64_t num_partial = 0;  // parts with a partial result
+    for (int64_t i = 0; i < num_tasks; ++i) {
+      const Task& t = tasks_[i];
+      const int64_t c = ctx[t.seq];
+      int64_t n = 1;
+      if (split && qsl[t.seq + 1] - qsl[t.seq] == 1) {
+        n = std::min((2 * threads + num_tasks - 1) / num_tasks, c / kMinPartKeys);
+      }
+      if (n <= 1) {
+        parts_.push_back({i, 0, 0, nullptr});
+        continue;
+      }
+      for (int64_t p = 0; p < n; ++p) {
+        parts_.push_back({i, c * p / n, c * (p + 1) / n, nullptr});
+        ++num_partial;
+      }
     }
-    for (int64_t p = 0; p < n; ++p) {
-      parts.push_back({i, c * p / n, c * (p + 1) / n, nullptr});
-      ++num_partial;
+    partials_.resize(num_partial * group * (HEAD_SIZE + 2));
+    for (int64_t p = 0, k = 0; p < static_cast<int64_t>(parts_.size()); ++p) {
+      if (parts_[p].k_end > 0) {
+        parts_[p].partial = partials_.data() + (k++) * group * (HEAD_SIZE + 2);
+      }
     }
+    // a split task's first part and its parts' count; its merge runs on the thread that
+    // finishes its last part to finish (the counter), in the loop
+    first_part_.assign(num_tasks, 0);
+    num_parts_.assign(num_tasks, 0);
+    for (int64_t p = static_cast<int64_t>(parts_.size()) - 1; p >= 0; --p) {
+      first_part_[parts_[p].task] = p;
+      ++num_parts_[parts_[p].task];
+    }
+    finished_.reset(new std::atomic<int64_t>[num_tasks]);
+    for (int64_t i = 0; i < num_tasks; ++i) finished_[i].store(0, std::memory_order_relaxed);
   }
-  partials.resize(num_partial * group * (HEAD_SIZE + 2));
-  for (int64_t p = 0, k = 0; p < static_cast<int64_t>(parts.size()); ++p) {
-    if (parts[p].k_end > 0) parts[p].partial = partials.data() + (k++) * group * (HEAD_SIZE + 2);
-  }
-  // a split task's first part and its parts' count; its merge runs on the thread that
-  // finishes its last part to finish (the counter), in the loop
-  std::vector<int64_t> first_part(num_tasks, 0), num_parts(num_tasks, 0);
-  for (int64_t p = static_cast<int64_t>(parts.size()) - 1; p >= 0; --p) {
-    first_part[parts[p].task] = p;
-    ++num_parts[parts[p].task];
-  }
-  std::unique_ptr<std::atomic<int64_t>[]> finished(new std::atomic<int64_t>[num_tasks]);
-  for (int64_t i = 0; i < num_tasks; ++i) finished[i].store(0, std::memory_order_relaxed);
-  const int64_t grain = small ? std::max<int64_t>(1, static_cast<int64_t>(parts.size())) : 1;
-  parallel_for(0, parts.size(), grain, [&](int64_t begin, int64_t end) {
+
+  int64_t parts() const override { return static_cast<int64_t>(parts_.size()); }
+  bool small() const override { return small_; }
+
+  void run(int64_t begin, int64_t end) const override {
     std::vector<float> q_rows, scores, acc;
     thread_local std::vector<T> rotated;  // nt: this thread's rotated query rows
-    if (nt != nullptr) rotated.resize(static_cast<size_t>(query.size(0) * kernel.q_stride));
-    auto local = kernel;
+    if (has_nt_) rotated.resize(static_cast<size_t>(rotated_elems_));
+    auto local = kernel_;
     for (int64_t i = begin; i < end; ++i) {
-      const Part& part = parts[i];
-      const Task& task = tasks[part.task];
-      const int64_t q_start = qsl[task.seq];
-      local.block_table = tables + task.seq * max_blocks;
-      if (nt != nullptr) {
-        local.rotate_queries(task, q_start, *nt, rotated.data());
+      const Part& part = parts_[i];
+      const Task& task = tasks_[part.task];
+      const int64_t q_start = qsl_[task.seq];
+      local.block_table = tables_ + task.seq * max_blocks_;
+      if (has_nt_) {
+        local.rotate_queries(task, q_start, nt_, rotated.data());
         local.query = rotated.data();
         // the part that reads the new keys writes them (a split task's last; tokens of one
         // sequence and KV head are one task)
-        if (part.partial == nullptr || part.k_end == ctx[task.seq]) {
-          local.cache_new_tokens(task, q_start, *nt);
+        if (part.partial == nullptr || part.k_end == ctx_[task.seq]) {
+          local.cache_new_tokens(task, q_start, nt_);
         }
       }
-      local.run(task, q_start, qsl[task.seq + 1] - q_start, ctx[task.seq], q_rows, scores, acc,
+      local.run(task, q_start, qsl_[task.seq + 1] - q_start, ctx_[task.seq], q_rows, scores, acc,
                 part.partial != nullptr ? &part : nullptr);
       if (part.partial != nullptr &&
-          finished[part.task].fetch_add(1, std::memory_order_acq_rel) ==
-              num_parts[part.task] - 1) {
-        local.merge_parts(task, q_start, parts.data() + first_part[part.task],
-                          num_parts[part.task]);
+          finished_[part.task].fetch_add(1, std::memory_order_acq_rel) ==
+              num_parts_[part.task] - 1) {
+        local.merge_parts(task, q_start, parts_.data() + first_part_[part.task],
+                          num_parts_[part.task]);
       }
     }
-  });
-}
+  }
+
+ private:
+  AttentionTask<T, HEAD_SIZE> kernel_;
+  const int* ctx_;
+  const int* qsl_;
+  const int* tables_;
+  int64_t max_blocks_, rotated_elems_;
+  bool has_nt_, small_ = false;
+  NewTokens<T> nt_{};
+  std::vector<Task> tasks_;
+  std::vector<Part> parts_;
+  std::vector<float> partials_;
+  std::vector<int64_t> first_part_, num_parts_;
+  std::unique_ptr<std::atomic<int64_t>[]> finished_;
+};
 
 template <typename T>
-void launch_for_head_size(int64_t head_size, at::Tensor& out, const at::Tensor& query,
-                          const at::Tensor& key_cache, const at::Tensor& value_cache,
-                          const at::Tensor& block_tables, const at::Tensor& context_lens,
-                          const at::Tensor& query_start_loc, double scale,
-                          const NewTokens<T>* nt = nullptr) {
+std::unique_ptr<AttentionLoop> plan_for_head_size(int64_t head_size, at::Tensor& out,
+                                                  const at::Tensor& query,
+                                                  const at::Tensor& key_cache,
+                                                  const at::Tensor& value_cache,
+                                                  const at::Tensor& block_tables,
+                                                  const at::Tensor& context_lens,
+                                                  const at::Tensor& query_start_loc, double scale,
+                                                  const NewTokens<T>* nt = nullptr) {
   switch (head_size) {
 #define VLLM_CASE(D)                                                                          \
   case D:                                                                                     \
-    return launch<T, D>(out, query, key_cache, value_cache, block_tables, context_lens,       \
-                        query_start_loc, scale, nt);
+    return std::make_unique<AttentionPlan<T, D>>(out, query, key_cache, value_cache,          \
+                                                 block_tables, context_lens, query_start_loc, \
+                                                 scale, nt);
     VLLM_CASE(32)
     VLLM_CASE(64)
     VLLM_CASE(80)
@@ -620,13 +650,12 @@ bool rotary_cache_attention_applies(const at::Tensor& query_start_loc, int64_t n
   return true;
 }
 
-void rotary_cache_attention(at::Tensor& out, at::Tensor& query, at::Tensor& key,
-                            const at::Tensor& value, const at::Tensor& positions,
-                            const at::Tensor& cos_sin_cache, bool is_neox, at::Tensor& key_cache,
-                            at::Tensor& value_cache, const at::Tensor& slot_mapping,
-                            const at::Tensor& block_tables, const at::Tensor& context_lens,
-                            const at::Tensor& query_start_loc, int64_t max_context_len,
-                            double scale) {
+std::unique_ptr<AttentionLoop> rotary_cache_attention_loop(
+    at::Tensor& out, at::Tensor& query, at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& positions, const at::Tensor& cos_sin_cache, bool is_neox,
+    at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& slot_mapping,
+    const at::Tensor& block_tables, const at::Tensor& context_lens,
+    const at::Tensor& query_start_loc, int64_t max_context_len, double scale) {
   const int64_t num_tokens = query.size(0), head_size = out.size(2);
   const int64_t num_heads = out.size(1), num_kv_heads = key_cache.size(1);
   at::Tensor q3 = query.view({num_tokens, num_heads, head_size});
@@ -644,6 +673,7 @@ void rotary_cache_attention(at::Tensor& out, at::Tensor& query, at::Tensor& key,
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   check_positions(pos, num_tokens, cos_sin_cache.size(0));
   check_slots(slots, num_tokens, key_cache.size(0) * key_cache.size(2));
+  std::unique_ptr<AttentionLoop> loop;
   VLLM_CPU_DISPATCH_FLOAT_TYPES(query.scalar_type(), "rotary_cache_attention", [&] {
     const NewTokens<scalar_t> nt{query.data_ptr<scalar_t>(), key.data_ptr<scalar_t>(),
                                  value.data_ptr<scalar_t>(), key.stride(0), value.stride(0),
@@ -651,9 +681,28 @@ void rotary_cache_attention(at::Tensor& out, at::Tensor& query, at::Tensor& key,
                                  cos_sin_cache.size(1), is_neox,
                                  key_cache.data_ptr<scalar_t>(),
                                  value_cache.data_ptr<scalar_t>()};
-    launch_for_head_size<scalar_t>(head_size, out, q3, key_cache, value_cache, block_tables,
-                                   context_lens, query_start_loc, scale, &nt);
+    loop = plan_for_head_size<scalar_t>(head_size, out, q3, key_cache, value_cache, block_tables,
+                                        context_lens, query_start_loc, scale, &nt);
   });
+  return loop;
+}
+
+void run_attention_loop(const AttentionLoop& loop) {
+  const int64_t parts = loop.parts();
+  parallel_for(0, parts, loop.small() ? std::max<int64_t>(1, parts) : 1,
+               [&](int64_t begin, int64_t end) { loop.run(begin, end); });
+}
+
+void rotary_cache_attention(at::Tensor& out, at::Tensor& query, at::Tensor& key,
+                            const at::Tensor& value, const at::Tensor& positions,
+                            const at::Tensor& cos_sin_cache, bool is_neox, at::Tensor& key_cache,
+                            at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                            const at::Tensor& block_tables, const at::Tensor& context_lens,
+                            const at::Tensor& query_start_loc, int64_t max_context_len,
+                            double scale) {
+  run_attention_loop(*rotary_cache_attention_loop(
+      out, query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache,
+      slot_mapping, block_tables, context_lens, query_start_loc, max_context_len, scale));
 }
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
@@ -664,8 +713,9 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                                    query_start_loc);
   (void)max_context_len;  // the CPU reads context_lens directly
   VLLM_CPU_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {
-    launch_for_head_size<scalar_t>(query.size(2), out, query, key_cache, value_cache,
-                                   block_tables, context_lens, query_start_loc, scale);
+    run_attention_loop(*plan_for_head_size<scalar_t>(query.size(2), out, query, key_cache,
+                                                     value_cache, block_tables, context_lens,
+                                                     query_start_loc, scale));
   });
 }
 

@@ -3,7 +3,24 @@
 
 #include <torch/all.h>
 
+#include <memory>
+
 namespace vllm_cpu {
+
+// An attention call's parts, planned before any runs (from the sequences' lengths and block
+// tables, not the query's values): run(begin, end) runs parts [begin, end) on the calling
+// thread, each part on any thread once the query (and, folded, the new keys and values) is
+// written. small(): too little work to wake other threads (run it on one).
+class AttentionLoop {
+ public:
+  virtual ~AttentionLoop() = default;
+  virtual int64_t parts() const = 0;
+  virtual bool small() const = 0;
+  virtual void run(int64_t begin, int64_t end) const = 0;
+};
+
+// The loop's parts as one parallel loop (on one thread where small()).
+void run_attention_loop(const AttentionLoop& loop);
 
 // rotary_embedding of query and key, reshape_and_cache of the rotated key and value, then
 // paged_attention into out [tokens, heads, head_size], as one parallel loop: each attention
@@ -19,6 +36,14 @@ void rotary_cache_attention(at::Tensor& out, at::Tensor& query, at::Tensor& key,
                             const at::Tensor& block_tables, const at::Tensor& context_lens,
                             const at::Tensor& query_start_loc, int64_t max_context_len,
                             double scale);
+// rotary_cache_attention's plan (its checks made), to be run by run_attention_loop or as a
+// team's tail (team.h) once the qkv linear has written query, key and value.
+std::unique_ptr<AttentionLoop> rotary_cache_attention_loop(
+    at::Tensor& out, at::Tensor& query, at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& positions, const at::Tensor& cos_sin_cache, bool is_neox,
+    at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& slot_mapping,
+    const at::Tensor& block_tables, const at::Tensor& context_lens,
+    const at::Tensor& query_start_loc, int64_t max_context_len, double scale);
 // Whether every sequence's tokens are one attention task (at most 64 query rows: a task of 2+
 // tokens reads its earlier tokens' keys, which another task would be writing).
 bool rotary_cache_attention_applies(const at::Tensor& query_start_loc, int64_t num_heads,

@@ -68,6 +68,37 @@ class SmallOpSplit {
   int64_t saved_;
 };
 
+// The folded attention as the tail of the qkv linear's loop (team.h's set_tail), where there
+// is a team, the switch (VLLM_CPU_ATTENTION_TAIL) is on and the attention is not small (a
+// small one runs on the master after the loop, as without the tail). Set just before the
+// linear, so that no other loop (an unfolded norm's) takes it; release() after the linear:
+// whether its loop ran the tail, clearing one it left pending (a loop run inline).
+class AttentionTail {
+ public:
+  AttentionTail(const AttentionLoop* attention, bool on)
+      : team_(on && attention != nullptr && !attention->small() ? Team::active() : nullptr) {
+    if (team_ == nullptr) return;
+    team_->set_tail(
+        [](const void* ctx, int64_t b, int64_t e) {
+          static_cast<const AttentionLoop*>(ctx)->run(b, e);
+        },
+        attention, attention->parts());
+  }
+  AttentionTail(const AttentionTail&) = delete;
+  AttentionTail& operator=(const AttentionTail&) = delete;
+  ~AttentionTail() { release(); }
+  bool release() {
+    if (team_ == nullptr) return false;
+    const bool ran = !team_->tail_pending();
+    team_->clear_tail();
+    team_ = nullptr;
+    return ran;
+  }
+
+ private:
+  Team* team_;
+};
+
 bool linear_folds_apply(const at::Tensor& hidden, const std::vector<at::Tensor>& weights,
                         const std::vector<at::Tensor>& packed, int64_t num_layers,
                         int64_t rows) {
@@ -112,6 +143,7 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
   const bool fold_share = fold && switched_on("VLLM_CPU_FOLD_SHARE");
   const bool fold_attention =
       fold_enabled_now && rotary_cache_attention_applies(query_start_loc, num_heads, num_kv_heads);
+  const bool attention_tail = fold_attention && switched_on("VLLM_CPU_ATTENTION_TAIL");
   // the layers and the final norm; the residual's copy and the scratch rows are made inside
   // it as well (made before the team's region, the 2-core machine's SmolLM2-135M forward took
   // 11.01 ms with the team against 10.43 with them inside)
@@ -132,17 +164,28 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
     at::Tensor normed = fold_share ? at::empty_like(hidden) : at::Tensor();
     // out = norm(...) @ w^T (+ b), then act = silu_and_mul(out) where act is given: folded
     // into the linear's loop, or in turn
+    // out = norm(...) @ w^T (+ b) with, where given, the attention as its loop's tail (true:
+    // it ran there; false: the caller runs it)
+    const auto linear_with_tail = [&](at::Tensor& out, const at::Tensor& input,
+                                      const at::Tensor& w, const at::Tensor* b,
+                                      const at::Tensor* p, const LinearFold* f,
+                                      const AttentionLoop* tail) {
+      AttentionTail t(tail, attention_tail);
+      linear_rows(out, input, w, b, p, f);
+      return t.release();
+    };
     const auto norm_linear = [&](const at::Tensor& norm_w, bool first, at::Tensor& out,
                                  const at::Tensor& w, const at::Tensor* b, const at::Tensor* p,
-                                 at::Tensor* silu_out, DecodeStage stage) {
+                                 at::Tensor* silu_out, DecodeStage stage,
+                                 const AttentionLoop* tail) {
       if (fold) {
         const int next = cur == 0 ? 1 : 0;
         LayerFold f(hidden, cur < 0 ? nullptr : &res[cur], res[next], norm_w, epsilon, out,
                     silu_out, fold_share ? &normed : nullptr);
-        linear_rows(out, hidden, w, b, p, &f);
+        const bool ran = linear_with_tail(out, hidden, w, b, p, &f, tail);
         cur = next;
         clock.mark(stage);
-        return;
+        return ran;
       }
       if (first) {
         rms_norm(x, res[0], norm_w, epsilon);
@@ -150,12 +193,13 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
         fused_add_rms_norm(x, res[0], norm_w, epsilon);
       }
       clock.mark(kStageNorms);
-      linear_rows(out, x, w, b, p);
+      const bool ran = linear_with_tail(out, x, w, b, p, nullptr, tail);
       clock.mark(stage);
       if (silu_out != nullptr) {
         silu_and_mul(*silu_out, out);
         clock.mark(kStageSilu);
       }
+      return ran;
     };
     for (int64_t l = 0; l < num_layers; ++l) {
       const at::Tensor* w = weights.data() + l * kTensorsPerLayer;
@@ -170,17 +214,25 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
                                        qkv_b->scalar_type() == hidden.scalar_type()),
                   "layer ", l, ": qkv bias must be [", qkv_w.size(0), "] of the hidden's dtype");
       if (qkv.size(1) != qkv_w.size(0)) qkv = at::empty({m, qkv_w.size(0)}, opts);
-      norm_linear(w[0], l == 0, qkv, qkv_w, qkv_b, packed_of(packed, l, 0, qkv_w), nullptr,
-                  kStageQkv);
       at::Tensor q = qkv.narrow(1, 0, q_size);
       at::Tensor k = qkv.narrow(1, q_size, kv_size);
       at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size);
       at::Tensor kc = key_caches[l], vc = value_caches[l];
+      // folded, the attention planned before the qkv linear and, where it is worth other
+      // threads, run as that loop's tail (AttentionTail)
+      std::unique_ptr<AttentionLoop> attention;
       if (fold_attention) {
-        rotary_cache_attention(attn, q, k, v, positions, cos_sin_cache, is_neox, kc, vc,
-                               slot_mapping, block_tables, context_lens, query_start_loc,
-                               max_context_len, scale);
-      } else {
+        attention = rotary_cache_attention_loop(attn, q, k, v, positions, cos_sin_cache, is_neox,
+                                                kc, vc, slot_mapping, block_tables,
+                                                context_lens, query_start_loc, max_context_len,
+                                                scale);
+      }
+      if (!norm_linear(w[0], l == 0, qkv, qkv_w, qkv_b, packed_of(packed, l, 0, qkv_w), nullptr,
+                       kStageQkv, attention.get()) &&
+          attention != nullptr) {
+        run_attention_loop(*attention);
+      }
+      if (!fold_attention) {
         rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox);
         at::Tensor k3 = k.view({m, num_kv_heads, head_size});
         at::Tensor v3 = v.view({m, num_kv_heads, head_size});
@@ -200,7 +252,7 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
         act = at::empty({m, gate_up_w.size(0) / 2}, opts);
       }
       norm_linear(w[4], false, gate_up, gate_up_w, nullptr, packed_of(packed, l, 2, gate_up_w),
-                  &act, kStageGateUp);
+                  &act, kStageGateUp, nullptr);
       linear_rows(x, act, w[6], nullptr, packed_of(packed, l, 3, w[6]));
       clock.mark(kStageDown);
     }

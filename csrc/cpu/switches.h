@@ -7,6 +7,9 @@
 //     (rotary_cache_attention), and the norms and silu_and_mul into the packed linears' loops
 //     (layer_folds.h) where every linear of the step runs the packed tiles; 0: each its own
 //     loop.
+//   VLLM_CPU_ATTENTION_TAIL: the folded attention run as the tail of the qkv linear's loop (its
+//     threads claim the attention's parts once every qkv chunk is done: team.h's set_tail),
+//     where a team runs the step and the attention is not small; 0: a loop of its own.
 //   VLLM_CPU_FOLD_SHARE: a folded norm's rows normalised once, shared by its linear's threads
 //     (each claims rows, then waits for all; layer_folds.h); 0: each thread all rows for itself.
 #pragma once

@@ -10,6 +10,11 @@
 // contiguous chunk a thread, chunks of at least `grain` items, chunk t to thread t; one chunk
 // runs inline) and runs on the active team where the calling thread has one, else through
 // at::parallel_for. Every CPU kernel here calls it, so the same kernels run either way.
+//
+// A tail (set_tail) rides on the next loop the team hands out: once every chunk of that loop is
+// done, its threads claim the tail's items one at a time before they report done, so that work
+// which needs the whole loop's output (the attention after the qkv linear) costs no hand-over
+// of its own.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -101,6 +106,15 @@ class Team {
     return team;
   }
 
+  // The tail of the next loop handed out with more than one chunk: tail(ctx, i, i + 1) for
+  // each i in [0, items), on that loop's threads after all its chunks. A loop run inline (one
+  // chunk) leaves it pending: tail_pending() says whether the caller must still run it.
+  void set_tail(Body tail, const void* ctx, int64_t items) {
+    pending_tail_ = {tail, ctx, items};
+  }
+  bool tail_pending() const { return pending_tail_.items > 0; }
+  void clear_tail() { pending_tail_ = {}; }
+
   // f over [begin, end) in chunks as at::parallel_for makes them, on the team's threads.
   template <typename F>
   void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
@@ -117,11 +131,20 @@ class Team {
     begin_ = begin;
     end_ = end;
     chunk_ = (range + chunks - 1) / chunks;
+    tail_ = pending_tail_;
+    pending_tail_ = {};
+    if (tail_.items > 0) {
+      busy_ = (range + chunk_ - 1) / chunk_;
+      chunks_done_.v.store(0, std::memory_order_relaxed);
+      tail_claimed_.v.store(0, std::memory_order_relaxed);
+      failed_.store(false, std::memory_order_relaxed);
+    }
     const int64_t loop = ++issued_;
     trace(kTrIssue, loop);
     generation_.v.store(loop, std::memory_order_release);
     active() = nullptr;  // a loop inside this chunk runs inline (as in at::parallel_for)
     run_chunk(0);
+    run_tail(0);
     trace(kTrOwnDone, loop);
     active() = this;
     // each thread's flag, read in passes over all of them (their loads independent): a shared
@@ -157,6 +180,7 @@ class Team {
       seen = g;
       trace(kTrSeen, g);
       run_chunk(tid);
+      run_tail(tid);
       trace(kTrDone, g);
       finished_[tid].v.store(g, std::memory_order_release);
     }
@@ -168,10 +192,38 @@ class Team {
     try {
       body_(ctx_, b, std::min(end_, b + chunk_));
     } catch (...) {
-      const std::lock_guard<std::mutex> lock(error_mutex_);
-      if (!loop_error_) loop_error_ = std::current_exception();
+      record_error();
     }
   }
+
+  // The loop's tail, if it has one: this thread's chunk counted, a wait until every chunk is,
+  // then items claimed one at a time (none after a chunk failed: the tail reads their output).
+  void run_tail(int tid) {
+    if (tail_.items == 0) return;
+    if (begin_ + tid * chunk_ < end_) chunks_done_.v.fetch_add(1, std::memory_order_acq_rel);
+    spin_until([&] { return chunks_done_.v.load(std::memory_order_acquire) == busy_; });
+    trace(kTrTail);
+    if (failed_.load(std::memory_order_relaxed)) return;
+    for (int64_t i; (i = tail_claimed_.v.fetch_add(1, std::memory_order_relaxed)) < tail_.items;) {
+      try {
+        tail_.body(tail_.ctx, i, i + 1);
+      } catch (...) {
+        record_error();
+      }
+    }
+  }
+
+  void record_error() {
+    failed_.store(true, std::memory_order_relaxed);
+    const std::lock_guard<std::mutex> lock(error_mutex_);
+    if (!loop_error_) loop_error_ = std::current_exception();
+  }
+
+  struct Tail {
+    Body body = nullptr;
+    const void* ctx = nullptr;
+    int64_t items = 0;
+  };
 
   LineCounter generation_;
   std::unique_ptr<LineCounter[]> finished_;  // a thread's last loop done, one line each
@@ -180,6 +232,10 @@ class Team {
   Body body_ = nullptr;
   const void* ctx_ = nullptr;
   int64_t begin_ = 0, end_ = 0, chunk_ = 1;
+  Tail pending_tail_, tail_;  // the next loop's tail; the loop's own
+  int64_t busy_ = 0;          // the loop's chunks (threads with work), where it has a tail
+  LineCounter chunks_done_, tail_claimed_;
+  std::atomic<bool> failed_{false};  // a chunk or tail item of the loop threw
   std::mutex error_mutex_;
   std::exception_ptr loop_error_;
 };

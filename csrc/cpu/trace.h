@@ -31,6 +31,7 @@ enum TraceEvent : int32_t {
   kTrNormWait,     // ... and every row done (the wait over)
   kTrTiles,        // a packed linear's thread: its tasks done (before its fold's chunk_done)
   kTrTeamEnd,      // master: the region's step done
+  kTrTail,         // a thread: every chunk of a loop with a tail done (its tail begins)
 };
 
 // The file named by VLLM_CPU_TRACE_FILE (read once a process), or nullptr (unset or empty).

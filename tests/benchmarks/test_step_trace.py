@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from benchmarks.lab.cpu_step_trace import (ALL_DONE, DONE, ISSUE, OWN_DONE, SEEN, loop_costs,
-                                           per_forward, read_calls)
+from benchmarks.lab.cpu_step_trace import (ALL_DONE, DONE, ISSUE, OWN_DONE, SEEN, TAIL,
+                                           loop_costs, per_forward, read_calls)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHILD = """
@@ -18,11 +18,11 @@ sys.path.insert(0, {root!r})
 from benchmarks.benchmark_draft import make_draft
 from vllm import SamplingParams
 from vllm.core.request import Request
-args = types.SimpleNamespace(load_format="auto", context=8, num_forwards=2, steps=2,
+args = types.SimpleNamespace(load_format="auto", context=32, num_forwards=2, steps=2,
                              settings="default", batch_sizes=[3])
 draft = make_draft(args, {model!r}, "float32")
 torch.set_num_threads(2)
-reqs = [Request(str(i), None, list(range(5 + i, 13 + i)), SamplingParams(temperature=0.0), None)
+reqs = [Request(str(i), None, list(range(5 + i, 31 + i)), SamplingParams(temperature=0.0), None)
         for i in range(3)]
 draft.propose(reqs, [1] * 3).result()
 with torch.inference_mode():
@@ -31,35 +31,60 @@ with torch.inference_mode():
 """
 
 
-def run_child(model: str, trace) -> None:
-    env = dict(os.environ, VLLM_CPU_TRACE_FILE=str(trace))
+def run_child(model: str, trace, **env_vars) -> None:
+    env = dict(os.environ, VLLM_CPU_TRACE_FILE=str(trace), **env_vars)
     subprocess.run([sys.executable, "-c", CHILD.format(root=ROOT, model=model)], env=env,
                    check=True, cwd=ROOT, capture_output=True)
 
 
 def test_the_timeline_orders_every_hand_over(tiny_llama, tmp_path):
-    """Two greedy draft calls of 2 forwards at 3 rows, 2 threads: each call's file section has
-    every loop issued by the master, seen and done by the worker, then seen done by the master,
-    in time order; the lab counts one qkv, o, gate/up and down loop a layer a forward (the
-    tiny model's 2 layers); a file of one region (no counter rate) is refused."""
-    trace = tmp_path / "trace.txt"
-    run_child(tiny_llama, trace)
-    calls, rate = read_calls(str(trace))
-    assert len(calls) == 2 and rate > 0  # the two drafts (the prefill runs without a team)
-    for records in calls:
-        master = {(e, a): tsc for t, e, a, tsc in records if t == 0}
-        worker = {(e, a): tsc for t, e, a, tsc in records if t == 1}
-        loops = sorted(a for (e, a) in master if e == ISSUE)
-        assert loops
-        for loop in loops:
-            issue, own, done_all = (master[(e, loop)] for e in (ISSUE, OWN_DONE, ALL_DONE))
-            seen, done = worker[(SEEN, loop)], worker[(DONE, loop)]
-            assert issue <= seen <= done <= done_all and issue <= own <= done_all, loop
-    summary = per_forward([loop_costs(r, rate) for r in calls], 2)
-    for stage in ("qkv", "o", "gate_up", "down"):
-        assert summary[stage]["loops"] == 2, (stage, summary[stage])
-        assert summary[stage]["loop"] >= summary[stage]["work"] > 0, (stage, summary[stage])
+    """Two greedy draft calls of 2 forwards at 3 rows of 26-token prompts (an attention worth
+    both threads), 2 threads: each call's file section has every loop issued by the master,
+    seen and done by the worker, then seen done by the master, in time order; the attention
+    runs as the qkv loop's tail, each thread starting its items only after both threads have
+    seen the loop (the chunks' barrier), and with VLLM_CPU_ATTENTION_TAIL=0 as a loop of its
+    own; the lab counts one qkv, o, gate/up and down loop a layer a forward (the tiny model's 2
+    layers); a file of one region (no counter rate) is refused."""
+    for tail in ("1", "0"):
+        trace = tmp_path / f"trace{tail}.txt"
+        run_child(tiny_llama, trace, VLLM_CPU_ATTENTION_TAIL=tail)
+        calls, rate = read_calls(str(trace))
+        assert len(calls) == 2 and rate > 0  # the two drafts (the prefill runs without a team)
+        for records in calls:
+            master = {(e, a): tsc for t, e, a, tsc in records if t == 0}
+            worker = {(e, a): tsc for t, e, a, tsc in records if t == 1}
+            loops = sorted(a for (e, a) in master if e == ISSUE)
+            assert loops
+            for loop in loops:
+                issue, own, done_all = (master[(e, loop)] for e in (ISSUE, OWN_DONE, ALL_DONE))
+                seen, done = worker[(SEEN, loop)], worker[(DONE, loop)]
+                assert issue <= seen <= done <= done_all and issue <= own <= done_all, loop
+            tails = tail_starts(records)
+            # 2 layers x 2 forwards, each qkv loop's tail started by both threads
+            assert len(tails) == (4 if tail == "1" else 0), tails
+            for loop, starts in tails.items():
+                assert set(starts) == {0, 1}, (loop, starts)
+                assert min(starts.values()) >= worker[(SEEN, loop)], loop
+                assert max(starts.values()) <= master[(ALL_DONE, loop)], loop
+        summary = per_forward([loop_costs(r, rate) for r in calls], 2)
+        for stage in ("qkv", "o", "gate_up", "down"):
+            assert summary[stage]["loops"] == 2, (stage, summary[stage])
+            assert summary[stage]["loop"] >= summary[stage]["work"] > 0, (stage, summary[stage])
+        assert summary.get("attention", {}).get("loops", 0) == (0 if tail == "1" else 2)
+        assert ("tail_items" in summary["qkv"]) == (tail == "1"), summary["qkv"]
     one = tmp_path / "one.txt"  # a single region's file has no rate: refused, not read as us
     one.write_text("# clock" + trace.read_text().split("# clock")[1])
     with pytest.raises(ValueError, match="clock line"):
         read_calls(str(one))
+
+
+def tail_starts(records: list[tuple]) -> dict:
+    """{loop: {thread: the tsc of its TAIL event}}: the loop a thread's TAIL belongs to is the
+    last it saw (a worker) or issued (the master) before it."""
+    current, out = {}, {}
+    for t, e, a, tsc in sorted(records, key=lambda r: r[3]):
+        if e in (SEEN, ISSUE):
+            current[t] = a
+        elif e == TAIL:
+            out.setdefault(current[t], {})[t] = tsc
+    return out

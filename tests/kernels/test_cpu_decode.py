@@ -351,7 +351,9 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
     it), the norms and silu_and_mul inside the linears' loops (the rows normalised once by the
     threads that claim them and shared, VLLM_CPU_FOLD_SHARE=1, or by each thread for itself,
     the first task's thread writing the residual stream, 0; each gate/up task finishes its own
-    columns of silu(gate) * up); with and without the team, at 2, 3 and 16 threads. That the
+    columns of silu(gate) * up), the attention as the qkv loop's tail or a loop of its own
+    (VLLM_CPU_ATTENTION_TAIL; that the tail runs is test_step_trace's); with and without the
+    team, at 2, 3 and 16 threads. That the
     folds ran is read off the stage clock (rotary + cache, and silu where the linears fold, stay
     at zero); a bad setting is refused by name."""
     if amx == "auto" and dtype == torch.float32:
@@ -366,9 +368,10 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
     torch.set_num_threads(threads)
     try:
         runs_under([{"VLLM_CPU_DECODE_FOLD": f, "VLLM_CPU_DECODE_TEAM": t,
-                     "VLLM_CPU_FOLD_SHARE": s}
-                    for f, t, s in (("0", "1", "1"), ("1", "1", "1"), ("1", "0", "1"),
-                                    ("1", "1", "0"), ("1", "0", "0"))],
+                     "VLLM_CPU_FOLD_SHARE": s, "VLLM_CPU_ATTENTION_TAIL": a}
+                    for f, t, s, a in (("0", "1", "1", "1"), ("1", "1", "1", "1"),
+                                       ("1", "1", "1", "0"), ("1", "0", "1", "1"),
+                                       ("1", "1", "0", "1"), ("1", "0", "0", "1"))],
                    model, caches, md, ids, positions, monkeypatch)
         group = config.num_attention_heads // config.num_key_value_heads
         attention_folds = max(q_lens) <= 64 // group
@@ -392,6 +395,12 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
         with pytest.raises(RuntimeError, match="VLLM_CPU_FOLD_SHARE must be 0 or 1"):
             run(model, caches, md, ids, positions, "fused", monkeypatch)
         monkeypatch.setenv("VLLM_CPU_FOLD_SHARE", "1")
+    if attention_folds:  # read only where the attention folds
+        monkeypatch.setenv("VLLM_CPU_DECODE_FOLD", "1")
+        monkeypatch.setenv("VLLM_CPU_ATTENTION_TAIL", "yes")
+        with pytest.raises(RuntimeError, match="VLLM_CPU_ATTENTION_TAIL must be 0 or 1"):
+            run(model, caches, md, ids, positions, "fused", monkeypatch)
+        monkeypatch.setenv("VLLM_CPU_ATTENTION_TAIL", "1")
     monkeypatch.setenv("VLLM_CPU_DECODE_FOLD", "yes")
     with pytest.raises(RuntimeError, match="VLLM_CPU_DECODE_FOLD must be 0 or 1"):
         run(model, caches, md, ids, positions, "fused", monkeypatch)
