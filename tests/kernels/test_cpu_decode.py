@@ -389,21 +389,18 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
     finally:
         torch.set_num_threads(saved)
     monkeypatch.setattr(cpu_decode, "stage_ms", None)
-    if linears_fold:  # read only where a norm folds
+    # each switch refused by name where it is read: the share where a norm folds, the tail
+    # where the attention folds, the folds always
+    for name, read in (("VLLM_CPU_FOLD_SHARE", linears_fold),
+                       ("VLLM_CPU_ATTENTION_TAIL", attention_folds),
+                       ("VLLM_CPU_DECODE_FOLD", True)):
+        if not read:
+            continue
         monkeypatch.setenv("VLLM_CPU_DECODE_FOLD", "1")
-        monkeypatch.setenv("VLLM_CPU_FOLD_SHARE", "yes")
-        with pytest.raises(RuntimeError, match="VLLM_CPU_FOLD_SHARE must be 0 or 1"):
+        monkeypatch.setenv(name, "yes")
+        with pytest.raises(RuntimeError, match=f"{name} must be 0 or 1"):
             run(model, caches, md, ids, positions, "fused", monkeypatch)
-        monkeypatch.setenv("VLLM_CPU_FOLD_SHARE", "1")
-    if attention_folds:  # read only where the attention folds
-        monkeypatch.setenv("VLLM_CPU_DECODE_FOLD", "1")
-        monkeypatch.setenv("VLLM_CPU_ATTENTION_TAIL", "yes")
-        with pytest.raises(RuntimeError, match="VLLM_CPU_ATTENTION_TAIL must be 0 or 1"):
-            run(model, caches, md, ids, positions, "fused", monkeypatch)
-        monkeypatch.setenv("VLLM_CPU_ATTENTION_TAIL", "1")
-    monkeypatch.setenv("VLLM_CPU_DECODE_FOLD", "yes")
-    with pytest.raises(RuntimeError, match="VLLM_CPU_DECODE_FOLD must be 0 or 1"):
-        run(model, caches, md, ids, positions, "fused", monkeypatch)
+        monkeypatch.setenv(name, "1")
 
 
 @pytest.mark.parametrize("fold", ["0", "1"])
