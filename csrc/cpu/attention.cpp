@@ -561,7 +561,8 @@ class AttentionPlan final : public AttentionLoop {
   bool small() const override { return small_; }
 
   void run(int64_t begin, int64_t end) const override {
-    std::vector<float> q_rows, scores, acc;
+    // this thread's scratch, kept between calls (a tail runs one part a call)
+    thread_local std::vector<float> q_rows, scores, acc;
     thread_local std::vector<T> rotated;  // nt: this thread's rotated query rows
     if (has_nt_) rotated.resize(static_cast<size_t>(rotated_elems_));
     auto local = kernel_;

@@ -12,9 +12,9 @@
 // at::parallel_for. Every CPU kernel here calls it, so the same kernels run either way.
 //
 // A tail (set_tail) rides on the next loop the team hands out: once every chunk of that loop is
-// done, its threads claim the tail's items one at a time before they report done, so that work
-// which needs the whole loop's output (the attention after the qkv linear) costs no hand-over
-// of its own.
+// done (a count the threads wait on), each thread runs its share of the tail's items before it
+// reports done, so that work which needs the whole loop's output (the attention after the qkv
+// linear) costs no hand-over of its own.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -106,9 +106,9 @@ class Team {
     return team;
   }
 
-  // The tail of the next loop handed out with more than one chunk: tail(ctx, i, i + 1) for
-  // each i in [0, items), on that loop's threads after all its chunks. A loop run inline (one
-  // chunk) leaves it pending: tail_pending() says whether the caller must still run it.
+  // The tail of the next loop handed out with more than one chunk: tail(ctx, b, e) over [0,
+  // items) in a share a thread, on that loop's threads after all its chunks. A loop run inline
+  // (one chunk) leaves it pending: tail_pending() says whether the caller must still run it.
   void set_tail(Body tail, const void* ctx, int64_t items) {
     pending_tail_ = {tail, ctx, items};
   }
@@ -136,7 +136,6 @@ class Team {
     if (tail_.items > 0) {
       busy_ = (range + chunk_ - 1) / chunk_;
       chunks_done_.v.store(0, std::memory_order_relaxed);
-      tail_claimed_.v.store(0, std::memory_order_relaxed);
       failed_.store(false, std::memory_order_relaxed);
     }
     const int64_t loop = ++issued_;
@@ -197,19 +196,21 @@ class Team {
   }
 
   // The loop's tail, if it has one: this thread's chunk counted, a wait until every chunk is,
-  // then items claimed one at a time (none after a chunk failed: the tail reads their output).
+  // then this thread's share of the items, split as parallel_for splits a loop of grain 1 (the
+  // threads start together, so equal shares; none after a chunk failed: the tail reads the
+  // chunks' output).
   void run_tail(int tid) {
     if (tail_.items == 0) return;
     if (begin_ + tid * chunk_ < end_) chunks_done_.v.fetch_add(1, std::memory_order_acq_rel);
     spin_until([&] { return chunks_done_.v.load(std::memory_order_acquire) == busy_; });
     trace(kTrTail);
-    if (failed_.load(std::memory_order_relaxed)) return;
-    for (int64_t i; (i = tail_claimed_.v.fetch_add(1, std::memory_order_relaxed)) < tail_.items;) {
-      try {
-        tail_.body(tail_.ctx, i, i + 1);
-      } catch (...) {
-        record_error();
-      }
+    const int64_t share = (tail_.items + size_ - 1) / size_;
+    const int64_t b = tid * share;
+    if (b >= tail_.items || failed_.load(std::memory_order_relaxed)) return;
+    try {
+      tail_.body(tail_.ctx, b, std::min(tail_.items, b + share));
+    } catch (...) {
+      record_error();
     }
   }
 
@@ -234,7 +235,7 @@ class Team {
   int64_t begin_ = 0, end_ = 0, chunk_ = 1;
   Tail pending_tail_, tail_;  // the next loop's tail; the loop's own
   int64_t busy_ = 0;          // the loop's chunks (threads with work), where it has a tail
-  LineCounter chunks_done_, tail_claimed_;
+  LineCounter chunks_done_;
   std::atomic<bool> failed_{false};  // a chunk or tail item of the loop threw
   std::mutex error_mutex_;
   std::exception_ptr loop_error_;
