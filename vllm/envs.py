@@ -104,6 +104,13 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                              "columns) (read by the kernel at each call; 0: each op its own "
                              "loop): 5 hand-overs between cores a layer instead of 10, the same "
                              "bits"),
+    "VLLM_CPU_ATTENTION_TAIL": (_one_of("0", "1"), "1",
+                                "where decode_layers folds the attention and a team runs the "
+                                "step, the attention's parts run as the tail of the qkv "
+                                "linear's loop: once every qkv chunk is done, each thread runs "
+                                "its share of them before it reports done (read by the kernel "
+                                "at each call; 0: a loop of its own, one more hand-over between "
+                                "cores a layer), the same bits"),
     "VLLM_CPU_FOLD_SHARE": (_one_of("0", "1"), "1",
                             "where decode_layers folds a norm into a linear's loop, the rows "
                             "are normalised once, each by a thread that claims it, into a "
