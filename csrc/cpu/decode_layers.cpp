@@ -9,6 +9,7 @@
 // packed tiles, the norms and silu_and_mul in the linears' loops: 5 parallel loops a layer.
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "cpu/attention.h"
 #include "cpu/layer_folds.h"
@@ -68,25 +69,18 @@ class SmallOpSplit {
   int64_t saved_;
 };
 
-// The folded attention as the tail of the qkv linear's loop (team.h's set_tail), where there
-// is a team, the switch (VLLM_CPU_ATTENTION_TAIL) is on and the attention is not small (a
-// small one runs on the master after the loop, as without the tail). Set just before the
-// linear, so that no other loop (an unfolded norm's) takes it; release() after the linear:
-// whether its loop ran the tail, clearing one it left pending (a loop run inline).
-class AttentionTail {
+// A tail (team.h's set_tail) for the next linear's loop, where a team runs the step: set just
+// before the linear, so that no other loop (an unfolded norm's) takes it; release() after the
+// linear: whether its loop ran the tail, clearing one it left pending (a loop run inline).
+class LoopTail {
  public:
-  AttentionTail(const AttentionLoop* attention, bool on)
-      : team_(on && attention != nullptr && !attention->small() ? Team::active() : nullptr) {
-    if (team_ == nullptr) return;
-    team_->set_tail(
-        [](const void* ctx, int64_t b, int64_t e) {
-          static_cast<const AttentionLoop*>(ctx)->run(b, e);
-        },
-        attention, attention->parts());
+  LoopTail(Team::Body body, const void* ctx, int64_t items)
+      : team_(body != nullptr && items > 0 ? Team::active() : nullptr) {
+    if (team_ != nullptr) team_->set_tail(body, ctx, items);
   }
-  AttentionTail(const AttentionTail&) = delete;
-  AttentionTail& operator=(const AttentionTail&) = delete;
-  ~AttentionTail() { release(); }
+  LoopTail(const LoopTail&) = delete;
+  LoopTail& operator=(const LoopTail&) = delete;
+  ~LoopTail() { release(); }
   bool release() {
     if (team_ == nullptr) return false;
     const bool ran = !team_->tail_pending();
@@ -98,6 +92,22 @@ class AttentionTail {
  private:
   Team* team_;
 };
+
+// The tails decode_layers gives a linear's loop: the folded attention after qkv, where it is
+// not small (VLLM_CPU_ATTENTION_TAIL; a small one runs on the master after the loop), and the
+// next fold's shared norm after o and down (VLLM_CPU_NORM_TAIL).
+LoopTail attention_tail_of(const AttentionLoop* attention, bool on) {
+  if (!on || attention == nullptr || attention->small()) return LoopTail(nullptr, nullptr, 0);
+  return LoopTail(
+      [](const void* ctx, int64_t b, int64_t e) { static_cast<const AttentionLoop*>(ctx)->run(b, e); },
+      attention, attention->parts());
+}
+LoopTail norm_tail_of(const LayerFold* fold) {
+  if (fold == nullptr) return LoopTail(nullptr, nullptr, 0);
+  return LoopTail(
+      [](const void* ctx, int64_t b, int64_t e) { static_cast<const LayerFold*>(ctx)->normalise(b, e); },
+      fold, fold->rows());
+}
 
 bool linear_folds_apply(const at::Tensor& hidden, const std::vector<at::Tensor>& weights,
                         const std::vector<at::Tensor>& packed, int64_t num_layers,
@@ -144,6 +154,11 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
   const bool fold_attention =
       fold_enabled_now && rotary_cache_attention_applies(query_start_loc, num_heads, num_kv_heads);
   const bool attention_tail = fold_attention && switched_on("VLLM_CPU_ATTENTION_TAIL");
+  // the shared norms after the first as the tails of the o and down loops (each team thread
+  // its share of the rows: no claims or wait in the linear's loop; without a team, or where
+  // the loop runs inline, the fold normalises them as before); off by default until measured
+  // on a host
+  const bool norm_tail = fold_share && switched_on("VLLM_CPU_NORM_TAIL", /*by_default=*/false);
   // the layers and the final norm; the residual's copy and the scratch rows are made inside
   // it as well (made before the team's region, the 2-core machine's SmolLM2-135M forward took
   // 11.01 ms with the team against 10.43 with them inside)
@@ -162,27 +177,47 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
     at::Tensor qkv = at::empty({m, 0}, opts), gate_up = at::empty({m, 0}, opts), act;
     // folded and shared: the rows each norm makes once for its linear's threads
     at::Tensor normed = fold_share ? at::empty_like(hidden) : at::Tensor();
-    // out = norm(...) @ w^T (+ b), then act = silu_and_mul(out) where act is given: folded
-    // into the linear's loop, or in turn
-    // out = norm(...) @ w^T (+ b) with, where given, the attention as its loop's tail (true:
-    // it ran there; false: the caller runs it)
+    // folded, with the norm tail: the next norm_linear's fold, made before the loop before its
+    // linear (o's, down's), which normalises its rows as its tail (normalised: it did)
+    std::optional<LayerFold> ahead;
+    const auto fold_ahead = [&](const at::Tensor& norm_w, const at::Tensor& out,
+                                at::Tensor* silu_out) -> const LayerFold* {
+      if (!norm_tail) return nullptr;
+      const int next = cur == 0 ? 1 : 0;
+      return &ahead.emplace(hidden, cur < 0 ? nullptr : &res[cur], res[next], norm_w, epsilon,
+                            out, silu_out, &normed);
+    };
+    // out = input @ w^T (+ b), the loop's tail where given: true where it ran there
     const auto linear_with_tail = [&](at::Tensor& out, const at::Tensor& input,
                                       const at::Tensor& w, const at::Tensor* b,
-                                      const at::Tensor* p, const LinearFold* f,
-                                      const AttentionLoop* tail) {
-      AttentionTail t(tail, attention_tail);
+                                      const at::Tensor* p, const LinearFold* f, LoopTail tail) {
       linear_rows(out, input, w, b, p, f);
-      return t.release();
+      return tail.release();
     };
+    // o and down: x = input @ w^T, the next fold's norm as the loop's tail where made ahead
+    const auto linear_then_norm = [&](const at::Tensor& input, const at::Tensor& w,
+                                      const at::Tensor* p, const LayerFold* next_fold) {
+      if (linear_with_tail(x, input, w, nullptr, p, nullptr, norm_tail_of(next_fold))) {
+        ahead->set_normalised();
+      }
+    };
+    // out = norm(...) @ w^T (+ b), then act = silu_and_mul(out) where act is given: folded
+    // into the linear's loop, or in turn; the attention as the loop's tail where given (true:
+    // it ran there; false: the caller runs it)
     const auto norm_linear = [&](const at::Tensor& norm_w, bool first, at::Tensor& out,
                                  const at::Tensor& w, const at::Tensor* b, const at::Tensor* p,
                                  at::Tensor* silu_out, DecodeStage stage,
-                                 const AttentionLoop* tail) {
+                                 const AttentionLoop* attention) {
       if (fold) {
         const int next = cur == 0 ? 1 : 0;
-        LayerFold f(hidden, cur < 0 ? nullptr : &res[cur], res[next], norm_w, epsilon, out,
-                    silu_out, fold_share ? &normed : nullptr);
-        const bool ran = linear_with_tail(out, hidden, w, b, p, &f, tail);
+        std::optional<LayerFold> own;
+        const LayerFold& f =
+            ahead ? *ahead
+                  : own.emplace(hidden, cur < 0 ? nullptr : &res[cur], res[next], norm_w,
+                                epsilon, out, silu_out, fold_share ? &normed : nullptr);
+        const bool ran = linear_with_tail(out, hidden, w, b, p, &f,
+                                          attention_tail_of(attention, attention_tail));
+        ahead.reset();
         cur = next;
         clock.mark(stage);
         return ran;
@@ -193,7 +228,8 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
         fused_add_rms_norm(x, res[0], norm_w, epsilon);
       }
       clock.mark(kStageNorms);
-      const bool ran = linear_with_tail(out, x, w, b, p, nullptr, tail);
+      const bool ran = linear_with_tail(out, x, w, b, p, nullptr,
+                                        attention_tail_of(attention, attention_tail));
       clock.mark(stage);
       if (silu_out != nullptr) {
         silu_and_mul(*silu_out, out);
@@ -213,13 +249,14 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
       TORCH_CHECK(qkv_b == nullptr || (qkv_b->dim() == 1 && qkv_b->size(0) == qkv_w.size(0) &&
                                        qkv_b->scalar_type() == hidden.scalar_type()),
                   "layer ", l, ": qkv bias must be [", qkv_w.size(0), "] of the hidden's dtype");
+      TORCH_CHECK(!ahead || qkv.size(1) == qkv_w.size(0), "layer ", l, ": qkv rows made ahead");
       if (qkv.size(1) != qkv_w.size(0)) qkv = at::empty({m, qkv_w.size(0)}, opts);
       at::Tensor q = qkv.narrow(1, 0, q_size);
       at::Tensor k = qkv.narrow(1, q_size, kv_size);
       at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size);
       at::Tensor kc = key_caches[l], vc = value_caches[l];
       // folded, the attention planned before the qkv linear and, where it is worth other
-      // threads, run as that loop's tail (AttentionTail)
+      // threads, run as that loop's tail
       std::unique_ptr<AttentionLoop> attention;
       if (fold_attention) {
         attention = rotary_cache_attention_loop(attn, q, k, v, positions, cos_sin_cache, is_neox,
@@ -243,17 +280,25 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
                         max_context_len, scale);
       }
       clock.mark(kStageAttention);
-      at::Tensor attn2 = attn.view({m, q_size});
-      linear_rows(x, attn2, w[3], nullptr, packed_of(packed, l, 1, w[3]));
-      clock.mark(kStageO);
       const at::Tensor& gate_up_w = w[5];
       if (gate_up.size(1) != gate_up_w.size(0)) {
         gate_up = at::empty({m, gate_up_w.size(0)}, opts);
         act = at::empty({m, gate_up_w.size(0) / 2}, opts);
       }
+      at::Tensor attn2 = attn.view({m, q_size});
+      linear_then_norm(attn2, w[3], packed_of(packed, l, 1, w[3]),
+                       fold_ahead(w[4], gate_up, &act));
+      clock.mark(kStageO);
       norm_linear(w[4], false, gate_up, gate_up_w, nullptr, packed_of(packed, l, 2, gate_up_w),
                   &act, kStageGateUp, nullptr);
-      linear_rows(x, act, w[6], nullptr, packed_of(packed, l, 3, w[6]));
+      // the next layer's first norm ahead (its qkv rows made here, of its weight's size)
+      const LayerFold* next_fold = nullptr;
+      if (norm_tail && l + 1 < num_layers) {
+        const at::Tensor& next_qkv_w = weights[(l + 1) * kTensorsPerLayer + 1];
+        if (qkv.size(1) != next_qkv_w.size(0)) qkv = at::empty({m, next_qkv_w.size(0)}, opts);
+        next_fold = fold_ahead(weights[(l + 1) * kTensorsPerLayer], qkv, nullptr);
+      }
+      linear_then_norm(act, w[6], packed_of(packed, l, 3, w[6]), next_fold);
       clock.mark(kStageDown);
     }
     fused_add_rms_norm(x, res[fold ? cur : 0], final_norm, epsilon);

@@ -40,8 +40,19 @@ class LayerFold final : public LinearFold {
         act_(act != nullptr ? act->data_ptr<T>() : nullptr),
         lda_(act != nullptr ? act->stride(0) : 0), d_(act != nullptr ? act->size(1) : 0) {}
 
+  // Shared: rows [begin, end) normalised into the shared buffer (the residual stream written),
+  // on the calling thread, by the loop before this fold's linear as its tail (team.h); once
+  // every row is (set_normalised), the linear's threads read the buffer without a wait.
+  void normalise(int64_t begin, int64_t end) const {
+    for (int64_t r = begin; r < end; ++r) norm_row(r, shared_, residual_out_);
+  }
+  bool shares() const { return shared_ != nullptr; }
+  int64_t rows() const { return rows_; }
+  void set_normalised() { normalised_ = true; }
+
   const T* input(bool first, int64_t* ld) const override {
     *ld = hidden_;
+    if (normalised_) return shared_;
     if (shared_ != nullptr) {
       for (int64_t r; (r = claimed_.v.fetch_add(1, std::memory_order_relaxed)) < rows_;) {
         norm_row(r, shared_, residual_out_);
@@ -83,6 +94,7 @@ class LayerFold final : public LinearFold {
   }
 
   T* shared_;
+  bool normalised_ = false;  // shared: every row normalised already (by the loop before)
   mutable LineCounter claimed_, done_;  // shared: the rows claimed, and those normalised
   const T* x_;
   const T* residual_;

@@ -12,7 +12,7 @@
 // at::parallel_for. Every CPU kernel here calls it, so the same kernels run either way.
 //
 // A tail (set_tail) rides on the next loop the team hands out: once every chunk of that loop is
-// done (a count the threads wait on), each thread runs its share of the tail's items before it
+// done (a flag a thread, which every thread waits on), each thread runs its share of the tail's items before it
 // reports done, so that work which needs the whole loop's output (the attention after the qkv
 // linear) costs no hand-over of its own.
 #pragma once
@@ -77,6 +77,7 @@ class Team {
     }
     Team team;
     team.finished_.reset(new LineCounter[threads]);
+    team.chunk_done_.reset(new LineCounter[threads]);
     std::exception_ptr error;
 #pragma omp parallel num_threads(threads)
     {
@@ -133,12 +134,11 @@ class Team {
     chunk_ = (range + chunks - 1) / chunks;
     tail_ = pending_tail_;
     pending_tail_ = {};
+    const int64_t loop = ++issued_;
     if (tail_.items > 0) {
-      busy_ = (range + chunk_ - 1) / chunk_;
-      chunks_done_.v.store(0, std::memory_order_relaxed);
+      tail_loop_ = loop;
       failed_.store(false, std::memory_order_relaxed);
     }
-    const int64_t loop = ++issued_;
     trace(kTrIssue, loop);
     generation_.v.store(loop, std::memory_order_release);
     active() = nullptr;  // a loop inside this chunk runs inline (as in at::parallel_for)
@@ -201,8 +201,17 @@ class Team {
   // chunks' output).
   void run_tail(int tid) {
     if (tail_.items == 0) return;
-    if (begin_ + tid * chunk_ < end_) chunks_done_.v.fetch_add(1, std::memory_order_acq_rel);
-    spin_until([&] { return chunks_done_.v.load(std::memory_order_acquire) == busy_; });
+    // each thread's flag, read by every thread: one counter that every thread increments while
+    // the others read it moved its line between the cores ~3 us a loop on a 16-core host
+    // (benchmarks/lab/cpu_step_trace.py, run 63)
+    chunk_done_[tid].v.store(tail_loop_, std::memory_order_release);
+    spin_until([&] {
+      int done = 0;
+      for (int t = 0; t < size_; ++t) {
+        done += chunk_done_[t].v.load(std::memory_order_acquire) == tail_loop_;
+      }
+      return done == size_;
+    });
     trace(kTrTail);
     const int64_t share = (tail_.items + size_ - 1) / size_;
     const int64_t b = tid * share;
@@ -234,8 +243,8 @@ class Team {
   const void* ctx_ = nullptr;
   int64_t begin_ = 0, end_ = 0, chunk_ = 1;
   Tail pending_tail_, tail_;  // the next loop's tail; the loop's own
-  int64_t busy_ = 0;          // the loop's chunks (threads with work), where it has a tail
-  LineCounter chunks_done_;
+  int64_t tail_loop_ = 0;  // the loop whose tail runs (its number: what the flags hold)
+  std::unique_ptr<LineCounter[]> chunk_done_;  // a thread's last tail loop with its chunk done
   std::atomic<bool> failed_{false};  // a chunk or tail item of the loop threw
   std::mutex error_mutex_;
   std::exception_ptr loop_error_;

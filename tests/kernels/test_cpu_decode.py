@@ -352,8 +352,9 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
     threads that claim them and shared, VLLM_CPU_FOLD_SHARE=1, or by each thread for itself,
     the first task's thread writing the residual stream, 0; each gate/up task finishes its own
     columns of silu(gate) * up), the attention as the qkv loop's tail or a loop of its own
-    (VLLM_CPU_ATTENTION_TAIL; that the tail runs is test_step_trace's); with and without the
-    team, at 2, 3 and 16 threads. That the
+    (VLLM_CPU_ATTENTION_TAIL; that the tail runs is test_step_trace's), the shared norms after
+    the first as the o and down loops' tails (VLLM_CPU_NORM_TAIL) or in the linears' loops;
+    with and without the team, at 2, 3 and 16 threads. That the
     folds ran is read off the stage clock (rotary + cache, and silu where the linears fold, stay
     at zero); a bad setting is refused by name."""
     if amx == "auto" and dtype == torch.float32:
@@ -368,10 +369,12 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
     torch.set_num_threads(threads)
     try:
         runs_under([{"VLLM_CPU_DECODE_FOLD": f, "VLLM_CPU_DECODE_TEAM": t,
-                     "VLLM_CPU_FOLD_SHARE": s, "VLLM_CPU_ATTENTION_TAIL": a}
-                    for f, t, s, a in (("0", "1", "1", "1"), ("1", "1", "1", "1"),
-                                       ("1", "1", "1", "0"), ("1", "0", "1", "1"),
-                                       ("1", "1", "0", "1"), ("1", "0", "0", "1"))],
+                     "VLLM_CPU_FOLD_SHARE": s, "VLLM_CPU_ATTENTION_TAIL": a,
+                     "VLLM_CPU_NORM_TAIL": n}
+                    for f, t, s, a, n in (("0", "1", "1", "1", "0"), ("1", "1", "1", "1", "0"),
+                                          ("1", "1", "1", "1", "1"), ("1", "1", "1", "0", "1"),
+                                          ("1", "1", "1", "0", "0"), ("1", "0", "1", "1", "1"),
+                                          ("1", "1", "0", "1", "1"), ("1", "0", "0", "1", "0"))],
                    model, caches, md, ids, positions, monkeypatch)
         group = config.num_attention_heads // config.num_key_value_heads
         attention_folds = max(q_lens) <= 64 // group
@@ -392,6 +395,7 @@ def test_folds_change_nothing(dtype, shape, context_lens, q_lens, amx, threads, 
     # each switch refused by name where it is read: the share where a norm folds, the tail
     # where the attention folds, the folds always
     for name, read in (("VLLM_CPU_FOLD_SHARE", linears_fold),
+                       ("VLLM_CPU_NORM_TAIL", linears_fold),
                        ("VLLM_CPU_ATTENTION_TAIL", attention_folds),
                        ("VLLM_CPU_DECODE_FOLD", True)):
         if not read:
