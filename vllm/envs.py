@@ -111,6 +111,13 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                 "its share of them before it reports done (read by the kernel "
                                 "at each call; 0: a loop of its own, one more hand-over between "
                                 "cores a layer), the same bits"),
+    "VLLM_CPU_NORM_TAIL": (_one_of("0", "1"), "1",
+                           "where decode_layers folds and shares the norms and a team runs the "
+                           "step, each norm after a layer's first is normalised as the tail of "
+                           "the o or down loop before its linear (each thread its share of the "
+                           "rows) instead of by claims and a wait inside the linear's loop (read "
+                           "by the kernel at each call; 0: in the linear's loop), the same bits. "
+                           "A 20M draft's batch-8 forward 3% faster on a 16-core Xeon host"),
     "VLLM_CPU_FOLD_SHARE": (_one_of("0", "1"), "1",
                             "where decode_layers folds a norm into a linear's loop, the rows "
                             "are normalised once, each by a thread that claims it, into a "

@@ -1,5 +1,5 @@
-// The CPU decode path's 0/1 settings, read at every call, on (1) by default but where said; any
-// other value is an error naming it.
+// The CPU decode path's 0/1 settings, read at every call, on (1) by default; any other value is
+// an error naming it.
 //   VLLM_CPU_DECODE_TEAM: a decode_layers step, or all of a greedy_steps call's steps, in one
 //     parallel region, its loops handed to the region's spinning threads (team.h); 0: a region
 //     per loop.
@@ -10,7 +10,7 @@
 //   VLLM_CPU_ATTENTION_TAIL: the folded attention run as the tail of the qkv linear's loop (its
 //     threads claim the attention's parts once every qkv chunk is done: team.h's set_tail),
 //     where a team runs the step and the attention is not small; 0: a loop of its own.
-//   VLLM_CPU_NORM_TAIL (off by default): where the norms fold and are shared, each one after a
+//   VLLM_CPU_NORM_TAIL: where the norms fold and are shared, each one after a
 //     layer's first normalised as the tail of the o or down loop before its linear (each team
 //     thread its share of the rows), not by claims and a wait inside the linear's loop.
 //   VLLM_CPU_FOLD_SHARE: a folded norm's rows normalised once, shared by its linear's threads
@@ -24,10 +24,9 @@
 
 namespace vllm_cpu {
 
-inline bool switched_on(const char* name, bool by_default = true) {
+inline bool switched_on(const char* name) {
   const char* v = std::getenv(name);
-  if (v == nullptr) return by_default;
-  if (std::strcmp(v, "1") == 0) return true;
+  if (v == nullptr || std::strcmp(v, "1") == 0) return true;
   TORCH_CHECK(std::strcmp(v, "0") == 0, name, " must be 0 or 1, got '", v, "'");
   return false;
 }
