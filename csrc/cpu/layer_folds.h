@@ -46,7 +46,6 @@ class LayerFold final : public LinearFold {
   void normalise(int64_t begin, int64_t end) const {
     for (int64_t r = begin; r < end; ++r) norm_row(r, shared_, residual_out_);
   }
-  bool shares() const { return shared_ != nullptr; }
   int64_t rows() const { return rows_; }
   void set_normalised() { normalised_ = true; }
 

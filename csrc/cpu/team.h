@@ -12,9 +12,9 @@
 // at::parallel_for. Every CPU kernel here calls it, so the same kernels run either way.
 //
 // A tail (set_tail) rides on the next loop the team hands out: once every chunk of that loop is
-// done (a flag a thread, which every thread waits on), each thread runs its share of the tail's items before it
-// reports done, so that work which needs the whole loop's output (the attention after the qkv
-// linear) costs no hand-over of its own.
+// done (a flag a thread, which every thread waits on), each thread runs its share of the tail's
+// items before it reports done, so that work which needs the whole loop's output (the attention
+// after the qkv linear, a norm after o or down) costs no hand-over of its own.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -195,8 +195,8 @@ class Team {
     }
   }
 
-  // The loop's tail, if it has one: this thread's chunk counted, a wait until every chunk is,
-  // then this thread's share of the items, split as parallel_for splits a loop of grain 1 (the
+  // The loop's tail, if it has one: this thread's flag set (its chunk done), a wait until every
+  // thread's is, then this thread's share of the items, split as parallel_for splits a loop of grain 1 (the
   // threads start together, so equal shares; none after a chunk failed: the tail reads the
   // chunks' output).
   void run_tail(int tid) {
