@@ -1,6 +1,6 @@
 // paged_attention on the CPU: each task is (sequence, kv head, chunk of query tokens); it reads
 // each cached K and V row once for all the query heads of its GQA group (softmax(q k^T) v).
-// rotary_cache_attention (decode_layers): the same tasks rotate their own query and new key
+// rotary_cache_attention_loop (decode_layers): the same tasks rotate their own query and new key
 // heads and write their new keys and values into the caches first, in the same loop.
 #include <atomic>
 #include <limits>
@@ -464,7 +464,7 @@ struct AttentionTask {
 // A call's tasks and their parts, made before any of them runs (from the sequences' lengths
 // and block tables, not the query's values), then run over parts [begin, end) on any threads.
 // nt: the step's new tokens, rotated and cached by the tasks themselves (every sequence's
-// tokens one task: rotary_cache_attention checks); null: already in query and the caches.
+// tokens one task: rotary_cache_attention_loop checks); null: already in query and the caches.
 template <typename T, int HEAD_SIZE>
 class AttentionPlan final : public AttentionLoop {
  public:
@@ -692,18 +692,6 @@ void run_attention_loop(const AttentionLoop& loop) {
   const int64_t parts = loop.parts();
   parallel_for(0, parts, loop.small() ? std::max<int64_t>(1, parts) : 1,
                [&](int64_t begin, int64_t end) { loop.run(begin, end); });
-}
-
-void rotary_cache_attention(at::Tensor& out, at::Tensor& query, at::Tensor& key,
-                            const at::Tensor& value, const at::Tensor& positions,
-                            const at::Tensor& cos_sin_cache, bool is_neox, at::Tensor& key_cache,
-                            at::Tensor& value_cache, const at::Tensor& slot_mapping,
-                            const at::Tensor& block_tables, const at::Tensor& context_lens,
-                            const at::Tensor& query_start_loc, int64_t max_context_len,
-                            double scale) {
-  run_attention_loop(*rotary_cache_attention_loop(
-      out, query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache,
-      slot_mapping, block_tables, context_lens, query_start_loc, max_context_len, scale));
 }
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,

@@ -23,21 +23,14 @@ class AttentionLoop {
 void run_attention_loop(const AttentionLoop& loop);
 
 // rotary_embedding of query and key, reshape_and_cache of the rotated key and value, then
-// paged_attention into out [tokens, heads, head_size], as one parallel loop: each attention
-// task rotates its own query heads (into a buffer of its thread) and writes its new keys and
-// values into the caches before reading them, the split tasks merged by the thread that
-// finishes each one's last part (one hand-over between cores instead of three; the same
+// paged_attention into out [tokens, heads, head_size], as one parallel loop's parts: each
+// attention task rotates its own query heads (into a buffer of its thread) and writes its new
+// keys and values into the caches before reading them, the split tasks merged by the thread
+// that finishes each one's last part (one hand-over between cores instead of three; the same
 // bits). query, key and value: the qkv linear's [tokens, heads x head_size] row views, not
-// rotated (left so). Only where rotary_cache_attention_applies.
-void rotary_cache_attention(at::Tensor& out, at::Tensor& query, at::Tensor& key,
-                            const at::Tensor& value, const at::Tensor& positions,
-                            const at::Tensor& cos_sin_cache, bool is_neox, at::Tensor& key_cache,
-                            at::Tensor& value_cache, const at::Tensor& slot_mapping,
-                            const at::Tensor& block_tables, const at::Tensor& context_lens,
-                            const at::Tensor& query_start_loc, int64_t max_context_len,
-                            double scale);
-// rotary_cache_attention's plan (its checks made), to be run by run_attention_loop or as a
-// team's tail (team.h) once the qkv linear has written query, key and value.
+// rotated (left so). Planned (its checks made) before the qkv linear writes them; run by
+// run_attention_loop or as a team's tail (team.h) after. Only where
+// rotary_cache_attention_applies.
 std::unique_ptr<AttentionLoop> rotary_cache_attention_loop(
     at::Tensor& out, at::Tensor& query, at::Tensor& key, const at::Tensor& value,
     const at::Tensor& positions, const at::Tensor& cos_sin_cache, bool is_neox,

@@ -250,7 +250,6 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
       TORCH_CHECK(qkv_b == nullptr || (qkv_b->dim() == 1 && qkv_b->size(0) == qkv_w.size(0) &&
                                        qkv_b->scalar_type() == hidden.scalar_type()),
                   "layer ", l, ": qkv bias must be [", qkv_w.size(0), "] of the hidden's dtype");
-      TORCH_CHECK(!ahead || qkv.size(1) == qkv_w.size(0), "layer ", l, ": qkv rows made ahead");
       if (qkv.size(1) != qkv_w.size(0)) qkv = at::empty({m, qkv_w.size(0)}, opts);
       at::Tensor q = qkv.narrow(1, 0, q_size);
       at::Tensor k = qkv.narrow(1, q_size, kv_size);

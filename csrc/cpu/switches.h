@@ -4,7 +4,7 @@
 //     parallel region, its loops handed to the region's spinning threads (team.h); 0: a region
 //     per loop.
 //   VLLM_CPU_DECODE_FOLD: rotary and the cache write folded into the attention's loop
-//     (rotary_cache_attention), and the norms and silu_and_mul into the packed linears' loops
+//     (rotary_cache_attention_loop), and the norms and silu_and_mul into the packed linears' loops
 //     (layer_folds.h) where every linear of the step runs the packed tiles; 0: each its own
 //     loop.
 //   VLLM_CPU_ATTENTION_TAIL: the folded attention run as the tail of the qkv linear's loop (its

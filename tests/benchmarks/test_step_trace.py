@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.lab.cpu_step_trace import (ALL_DONE, DONE, ISSUE, OWN_DONE, SEEN, TAIL,
                                            loop_costs, per_forward, read_calls)
+from tests.utils import has_avx512_bf16
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHILD = """
@@ -20,7 +21,7 @@ from vllm import SamplingParams
 from vllm.core.request import Request
 args = types.SimpleNamespace(load_format="auto", context=32, num_forwards=2, steps=2,
                              settings="default", batch_sizes=[3])
-draft = make_draft(args, {model!r}, "float32")
+draft = make_draft(args, {model!r}, {dtype!r})
 torch.set_num_threads(2)
 reqs = [Request(str(i), None, list(range(5 + i, 31 + i)), SamplingParams(temperature=0.0), None)
         for i in range(3)]
@@ -31,10 +32,10 @@ with torch.inference_mode():
 """
 
 
-def run_child(model: str, trace, **env_vars) -> None:
+def run_child(model: str, trace, dtype: str = "float32", **env_vars) -> None:
     env = dict(os.environ, VLLM_CPU_TRACE_FILE=str(trace), **env_vars)
-    subprocess.run([sys.executable, "-c", CHILD.format(root=ROOT, model=model)], env=env,
-                   check=True, cwd=ROOT, capture_output=True)
+    subprocess.run([sys.executable, "-c", CHILD.format(root=ROOT, model=model, dtype=dtype)],
+                   env=env, check=True, cwd=ROOT, capture_output=True)
 
 
 def test_the_timeline_orders_every_hand_over(tiny_llama, tmp_path):
@@ -88,3 +89,25 @@ def tail_starts(records: list[tuple]) -> dict:
         elif e == TAIL:
             out.setdefault(current[t], {})[t] = tsc
     return out
+
+
+@pytest.mark.skipif(not has_avx512_bf16(), reason="the norms fold on the packed bf16 tiles "
+                    "(AVX512_BF16) only")
+def test_the_norms_run_as_the_o_and_down_loops_tails(tiny_llama, tmp_path):
+    """bf16, where the norms fold into the packed linears' loops: with VLLM_CPU_NORM_TAIL=1 the
+    o and down loops carry tails (the next fold's rows, each started by both threads after
+    they saw the loop) and the gate/up loop's threads neither claim nor wait for rows; with 0,
+    no tails there and gate/up's fold normalises its rows itself."""
+    for tail in ("1", "0"):
+        trace = tmp_path / f"trace{tail}.txt"
+        run_child(tiny_llama, trace, "bfloat16", VLLM_CPU_NORM_TAIL=tail)
+        calls, rate = read_calls(str(trace))
+        for records in calls:
+            worker = {(e, a): tsc for t, e, a, tsc in records if t == 1}
+            for loop, starts in tail_starts(records).items():
+                assert set(starts) == {0, 1}, (loop, starts)
+                assert min(starts.values()) >= worker[(SEEN, loop)], loop
+        summary = per_forward([loop_costs(r, rate) for r in calls], 2)
+        for stage in ("o", "down"):
+            assert ("tail_items" in summary[stage]) == (tail == "1"), (stage, summary[stage])
+        assert ("norm_rows" in summary["gate_up"]) == (tail == "0"), summary["gate_up"]
