@@ -14,7 +14,9 @@ inside greedy_steps (VLLM_CPU_GREEDY_STEP) builds its inputs and runs its LM hea
 counted in what is left), the thread
 count the draft picks at start-up, and the top ops from torch's profiler on request. A summary
 table comes last. --settings times settings of the kernels' environment variables in turns,
-forward by forward, so that an A/B shares the host's drift (a row per setting).
+forward by forward, so that an A/B shares the host's drift (a row per setting); the batch sizes
+take turns the same way (each its own sequences), so that batch b's time over batch 1's does
+too.
 
     python benchmarks/benchmark_draft.py --model DRAFT[,DRAFT2] [--load-format dummy] \
         [--dtypes float32,bfloat16] [--threads 1,4,16] [--batch-sizes 1,8] \
@@ -55,7 +57,7 @@ def make_draft(args, model: str, dtype: str) -> DraftModelProposer:
                              load_format=args.load_format,
                              max_model_len=(args.context + 16 + args.num_forwards * args.steps
                                             * len(parse_settings(args.settings))),
-                             max_num_seqs=max(args.batch_sizes),
+                             max_num_seqs=sum(args.batch_sizes),  # all live at once
                              speculative_model=model, num_speculative_tokens=1,
                              cpu_draft_worker=True, speculative_draft_dtype=dtype,
                              speculative_draft_threads=1)
@@ -114,29 +116,39 @@ def hold_context(draft: DraftModelProposer, reqs: list, context: int) -> None:
         seq.num_computed_tokens = context
 
 
-def time_forwards(draft: DraftModelProposer, args, batch_size: int,
+def time_forwards(draft: DraftModelProposer, args, batch_sizes,
                   settings: tuple = (("", {}),), stage_ms: tuple = (None,),
                   outside: tuple = (None,)) -> list[list[float]]:
     """ms of each of num_forwards one-token forwards after a context of args.context tokens (a
     draft call of args.steps forwards, its time over args.steps: a draft step of k = steps), per
-    setting ((label, {VAR: value}), parse_settings): forward i runs under settings[i %
-    len(settings)] (environment variables the kernels
-    read at each call), its decode_layers stages into stage_ms[i % len(settings)] and the ms
-    of its input building and its LM head (linear_argmax: the greedy tokens) into outside[i %
-    len(settings)] (a dict {"inputs": ms, "lm_head": ms}, or None), so that the settings take
-    turns forward by forward and share the host's drift."""
+    turn: a batch size (batch_sizes, an int or a sequence: each its own sequences) and a setting
+    ((label, {VAR: value}), parse_settings: environment variables the kernels read at each
+    call), the turns batch-major (turn j = batch_sizes[j // len(settings)] under settings[j %
+    len(settings)]). Forward i runs turn i % turns, its decode_layers stages into stage_ms[i %
+    turns] and the ms of its input building and its LM head (linear_argmax: the greedy tokens)
+    into outside[i % turns] (a dict {"inputs": ms, "lm_head": ms}, or None), so that the batch
+    sizes and the settings take turns forward by forward and share the host's drift."""
+    if isinstance(batch_sizes, int):
+        batch_sizes = [batch_sizes]
+    turns = [(bs, setting) for bs in batch_sizes for setting in settings]
     vocab = draft.config.hf_config.vocab_size
-    reqs = []
-    for i in range(batch_size):
-        ids = torch.randint(0, vocab, (args.context,), generator=torch.Generator().manual_seed(i))
-        reqs.append(Request(str(i), None, ids.tolist(), SamplingParams(temperature=0.0), None))
-    draft.propose(reqs, [1] * len(reqs)).result()  # the context's forward (a prefill)
-    for req in reqs:
-        if not draft.block_manager.grow(draft.seqs[req.req_id].block_ids,
-                                        args.context + args.num_forwards * args.steps
-                                        * len(settings) + 2):
-            raise ValueError("the draft's KV cache is too small: raise VLLM_CPU_KVCACHE_SPACE")
-    times = [[] for _ in settings]
+    batches = {}
+    for bs in batch_sizes:
+        reqs = []
+        for i in range(bs):
+            ids = torch.randint(0, vocab, (args.context,),
+                                generator=torch.Generator().manual_seed(i))
+            reqs.append(Request(f"b{bs}-{i}", None, ids.tolist(),
+                                SamplingParams(temperature=0.0), None))
+        draft.propose(reqs, [1] * len(reqs)).result()  # the context's forward (a prefill)
+        for req in reqs:
+            if not draft.block_manager.grow(draft.seqs[req.req_id].block_ids,
+                                            args.context + args.num_forwards * args.steps
+                                            * len(settings) + 2):
+                raise ValueError("the draft's KV cache is too small: raise "
+                                 "VLLM_CPU_KVCACHE_SPACE")
+        batches[bs] = reqs
+    times = [[] for _ in turns]
     saved = {name: os.environ.get(name) for _, setting in settings for name in setting}
     clock = {"which": 0, "on": False}
 
@@ -155,19 +167,21 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
     linear_argmax = ops.linear_argmax
     ops.linear_argmax = timed("lm_head", linear_argmax)
     with torch.inference_mode():
-        for i in range(args.num_forwards * len(settings)):
-            which = i % len(settings)
+        for i in range(args.num_forwards * len(turns)):
+            which = i % len(turns)
+            bs, (_, setting) = turns[which]
             # the environment as found, then this setting's variables: a variable that another
             # setting names and this one does not is put back, not left at the other's value
             restore_environ(saved)
-            os.environ.update(settings[which][1])
-            cpu_decode.stage_ms = stage_ms[which]
+            os.environ.update(setting)
+            cpu_decode.stage_ms = stage_ms[which] if which < len(stage_ms) else None
             clock["which"] = which
-            if i == args.warmup * len(settings):
+            if i == args.warmup * len(turns):
                 clock["on"] = True  # the clocks count the timed forwards alone
                 for stages in stage_ms:
                     if stages is not None:
                         stages.zero_()
+            reqs = batches[bs]
             start = time.perf_counter()
             draft._draft(reqs, [args.steps] * len(reqs))
             times[which].append((time.perf_counter() - start) * 1e3 / args.steps)
@@ -177,8 +191,9 @@ def time_forwards(draft: DraftModelProposer, args, batch_size: int,
     del draft.runner.prepare_inputs
     ops.linear_argmax = linear_argmax
     restore_environ(saved)
-    for req in reqs:
-        draft.free(req.req_id)
+    for reqs in batches.values():
+        for req in reqs:
+            draft.free(req.req_id)
     return times
 
 
@@ -259,25 +274,26 @@ def main(args) -> dict:
             for n in threads:
                 torch.set_num_threads(n)
                 bandwidth = copy_bandwidth_gbps("cpu", 256 << 20)
-                for bs in args.batch_sizes:
-                    floor = step_floor_ms(model, draft.config, mean_context(args) * bs,
-                                          bandwidth)
-                    for path in args.paths.split(","):
-                        os.environ["VLLM_CPU_DECODE_PATH"] = path
-                        clocks = tuple(torch.zeros(len(ops.DECODE_STAGES), dtype=torch.float64)
-                                       for _ in settings)
-                        outside = tuple({} for _ in settings)
-                        per_setting = time_forwards(draft, args, bs, settings, clocks, outside)
-                        gemm = gemm_ms(model, bs, path)
-                        for (setting, _), clock, out, times in zip(settings, clocks, outside,
-                                                                    per_setting):
-                            times = times[args.warmup:]
-                            label = path if len(settings) == 1 else f"{path} {setting}"
-                            count = max(1, len(times)) * args.steps
-                            rows.append(forward_row(
-                                name, dtype, n, bs, label, times, (clock / count).tolist(),
-                                {k: v / count for k, v in out.items()}, floor, gemm,
-                                bandwidth))
+                floors = {bs: step_floor_ms(model, draft.config, mean_context(args) * bs,
+                                            bandwidth) for bs in args.batch_sizes}
+                for path in args.paths.split(","):
+                    os.environ["VLLM_CPU_DECODE_PATH"] = path
+                    turns = [(bs, s) for bs in args.batch_sizes for s in settings]
+                    clocks = tuple(torch.zeros(len(ops.DECODE_STAGES), dtype=torch.float64)
+                                   for _ in turns)
+                    outside = tuple({} for _ in turns)
+                    per_turn = time_forwards(draft, args, args.batch_sizes, settings, clocks,
+                                             outside)
+                    gemms = {bs: gemm_ms(model, bs, path) for bs in args.batch_sizes}
+                    for (bs, (setting, _)), clock, out, times in zip(turns, clocks, outside,
+                                                                     per_turn):
+                        times = times[args.warmup:]
+                        label = path if len(settings) == 1 else f"{path} {setting}"
+                        count = max(1, len(times)) * args.steps
+                        rows.append(forward_row(
+                            name, dtype, n, bs, label, times, (clock / count).tolist(),
+                            {k: v / count for k, v in out.items()}, floors[bs], gemms[bs],
+                            bandwidth))
             if args.profile:
                 from torch.profiler import ProfilerActivity, profile
                 os.environ["VLLM_CPU_DECODE_PATH"] = args.paths.split(",")[0]

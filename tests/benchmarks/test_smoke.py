@@ -159,9 +159,10 @@ def test_benchmark_draft_settings_in_turns(tmp_path, tiny_llama):
 
 
 def test_time_forwards_alternates_settings(monkeypatch):
-    """time_forwards runs forward i under settings[i % n], each forward's stages on its
-    setting's clock, a variable named by one setting alone unset again for the others', and
-    leaves the environment as it found it."""
+    """time_forwards runs the batch sizes and the settings in turns (batch-major: forward i is
+    turn i % turns), each batch its own sequences, each forward's stages on its turn's clock, a
+    variable named by one setting alone unset again for the others', and leaves the environment
+    and the draft's sequences as it found them."""
     import types
     from benchmarks import benchmark_draft as bd
     seen = []
@@ -184,9 +185,9 @@ def test_time_forwards_alternates_settings(monkeypatch):
             return types.SimpleNamespace(result=lambda: None)
 
         def _draft(self, reqs, ks):
-            assert ks == [2, 2]  # args.steps forwards a call
+            assert ks == [2] * len(reqs)  # args.steps forwards a call
             seen.append((os.environ.get("X_SETTING"), os.environ.get("Y_SETTING"),
-                         bd.cpu_decode.stage_ms))
+                         tuple(r.req_id for r in reqs), bd.cpu_decode.stage_ms))
             self.runner.prepare_inputs()
             bd.ops.linear_argmax()
 
@@ -203,20 +204,26 @@ def test_time_forwards_alternates_settings(monkeypatch):
     args = types.SimpleNamespace(context=4, num_forwards=3, warmup=1, steps=2,
                                  settings="X_SETTING=a,Y_SETTING=y;X_SETTING=b",
                                  hold_context=False)
-    clocks = (torch.ones(2), torch.ones(2))
-    outside = ({}, {})
+    clocks = tuple(torch.ones(2) for _ in range(4))
+    outside = ({}, {}, {}, {})
     draft = Draft()
-    times = bd.time_forwards(draft, args, 2, bd.parse_settings(args.settings), clocks, outside)
-    assert [(x, y, next(i for i, c in enumerate(clocks) if c is clock))
-            for x, y, clock in seen] == [("a", "y", 0), ("b", None, 1)] * 3
+    times = bd.time_forwards(draft, args, [1, 2], bd.parse_settings(args.settings), clocks,
+                             outside)
+    one, two = ("b1-0",), ("b2-0", "b2-1")
+    assert [(x, y, ids, next(i for i, c in enumerate(clocks) if c is clock))
+            for x, y, ids, clock in seen] == [("a", "y", one, 0), ("b", None, one, 1),
+                                              ("a", "y", two, 2), ("b", None, two, 3)] * 3
     assert all(not c.any() for c in clocks)  # zeroed after the warm-up forwards
+    assert draft.seqs == {}
     # the LM head's time lands in its setting's dict, the warm-up forward's left out (2 x 5 ms
     # counted, not 3), and the timing wrappers are gone afterwards
-    assert set(outside[0]) == set(outside[1]) == {"inputs", "lm_head"}
-    assert outside[0]["lm_head"] < 5 <= 10 <= outside[1]["lm_head"] < 15
+    assert all(set(o) == {"inputs", "lm_head"} for o in outside)
+    for a, b in (outside[0], outside[1]), (outside[2], outside[3]):
+        assert a["lm_head"] < 5 <= 10 <= b["lm_head"] < 15
     assert bd.ops.linear_argmax is lm_head and "prepare_inputs" not in vars(draft.runner)
-    assert [len(t) for t in times] == [3, 3]
-    assert all(2.5 <= t < 5 for t in times[1])  # a forward's time: the call's over steps
+    assert [len(t) for t in times] == [3, 3, 3, 3]
+    # a forward's time: the call's over steps
+    assert all(2.5 <= t < 5 for t in times[1] + times[3])
     assert os.environ["X_SETTING"] == "before" and "Y_SETTING" not in os.environ
     assert bd.cpu_decode.stage_ms is None
 

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.lab.cpu_step_trace import (ALL_DONE, DONE, ISSUE, OWN_DONE, SEEN, TAIL,
                                            loop_costs, per_forward, read_calls)
+from tests.tiny_models import build_model
 from tests.utils import has_avx512_bf16
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -93,14 +94,18 @@ def tail_starts(records: list[tuple]) -> dict:
 
 @pytest.mark.skipif(not has_avx512_bf16(), reason="the norms fold on the packed bf16 tiles "
                     "(AVX512_BF16) only")
-def test_the_norms_run_as_the_o_and_down_loops_tails(tiny_llama, tmp_path):
+def test_the_norms_run_as_the_o_and_down_loops_tails(tmp_path):
     """bf16, where the norms fold into the packed linears' loops: with VLLM_CPU_NORM_TAIL=1 the
     o and down loops carry tails (the next fold's rows, each started by both threads after
     they saw the loop) and the gate/up loop's threads neither claim nor wait for rows; with 0,
-    no tails there and gate/up's fold normalises its rows itself."""
+    no tails there and gate/up's fold normalises its rows itself. The model is wider than
+    tiny_llama: its 128 x 128 o weight is one thread's share (32 KB), run inline with no loop."""
+    model = str(build_model(tmp_path / "wide", "llama", hidden_size=256,
+                            intermediate_size=512, num_attention_heads=8,
+                            num_key_value_heads=4))
     for tail in ("1", "0"):
         trace = tmp_path / f"trace{tail}.txt"
-        run_child(tiny_llama, trace, "bfloat16", VLLM_CPU_NORM_TAIL=tail)
+        run_child(model, trace, "bfloat16", VLLM_CPU_NORM_TAIL=tail)
         calls, rate = read_calls(str(trace))
         for records in calls:
             worker = {(e, a): tsc for t, e, a, tsc in records if t == 1}
@@ -109,5 +114,6 @@ def test_the_norms_run_as_the_o_and_down_loops_tails(tiny_llama, tmp_path):
                 assert min(starts.values()) >= worker[(SEEN, loop)], loop
         summary = per_forward([loop_costs(r, rate) for r in calls], 2)
         for stage in ("o", "down"):
+            assert summary[stage]["loops"] == 2, (stage, summary[stage])  # a layer a forward
             assert ("tail_items" in summary[stage]) == (tail == "1"), (stage, summary[stage])
         assert ("norm_rows" in summary["gate_up"]) == (tail == "0"), summary["gate_up"]
