@@ -477,7 +477,8 @@ class AttentionPlan final : public AttentionLoop {
                 0, static_cast<float>(scale), query.stride(0)},
         ctx_(context_lens.data_ptr<int>()), qsl_(query_start_loc.data_ptr<int>()),
         tables_(block_tables.data_ptr<int>()), max_blocks_(block_tables.size(1)),
-        rotated_elems_(query.size(0) * query.stride(0)), has_nt_(nt != nullptr) {
+        rotated_elems_(query.size(0) * query.stride(0)), has_nt_(nt != nullptr),
+        key_layout_(key_cache), value_layout_(value_cache) {
     if (nt != nullptr) nt_ = *nt;
     const int64_t num_seqs = context_lens.size(0);
     const int64_t num_heads = query.size(1), num_kv_heads = key_cache.size(1);
@@ -560,6 +561,20 @@ class AttentionPlan final : public AttentionLoop {
   int64_t parts() const override { return static_cast<int64_t>(parts_.size()); }
   bool small() const override { return small_; }
 
+  void next_layer(const at::Tensor& key_cache, const at::Tensor& value_cache) override {
+    TORCH_CHECK(same_layout(key_cache, key_layout_) && same_layout(value_cache, value_layout_),
+                "the next layer's attention takes caches of the planned layer's sizes, strides "
+                "and dtype ", key_layout_.sizes(), ", got ", key_cache.sizes(), " and ",
+                value_cache.sizes());
+    kernel_.key_cache = key_cache.data_ptr<T>();
+    kernel_.value_cache = value_cache.data_ptr<T>();
+    if (has_nt_) {
+      nt_.key_cache = key_cache.data_ptr<T>();
+      nt_.value_cache = value_cache.data_ptr<T>();
+    }
+    for (size_t i = 0; i < tasks_.size(); ++i) finished_[i].store(0, std::memory_order_relaxed);
+  }
+
   void run(int64_t begin, int64_t end) const override {
     // this thread's scratch, kept between calls (a tail runs one part a call)
     thread_local std::vector<float> q_rows, scores, acc;
@@ -597,7 +612,13 @@ class AttentionPlan final : public AttentionLoop {
   const int* qsl_;
   const int* tables_;
   int64_t max_blocks_, rotated_elems_;
+  static bool same_layout(const at::Tensor& a, const at::Tensor& b) {
+    return a.sizes() == b.sizes() && a.strides() == b.strides() &&
+           a.scalar_type() == b.scalar_type() && a.device() == b.device();
+  }
+
   bool has_nt_, small_ = false;
+  at::Tensor key_layout_, value_layout_;  // the planned caches (next_layer's are alike)
   NewTokens<T> nt_{};
   std::vector<Task> tasks_;
   std::vector<Part> parts_;

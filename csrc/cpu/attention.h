@@ -17,6 +17,10 @@ class AttentionLoop {
   virtual int64_t parts() const = 0;
   virtual bool small() const = 0;
   virtual void run(int64_t begin, int64_t end) const = 0;
+  // The same plan for the next layer of a step (the same sequences, query and new tokens):
+  // its key and value caches, of the planned ones' sizes, strides and dtype, in their place,
+  // and the split tasks' merge counters reset. Called where no thread runs the loop.
+  virtual void next_layer(const at::Tensor& key_cache, const at::Tensor& value_cache) = 0;
 };
 
 // The loop's parts as one parallel loop (on one thread where small()).
@@ -29,8 +33,8 @@ void run_attention_loop(const AttentionLoop& loop);
 // that finishes each one's last part (one hand-over between cores instead of three; the same
 // bits). query, key and value: the qkv linear's [tokens, heads x head_size] row views, not
 // rotated (left so). Planned (its checks made) before the qkv linear writes them; run by
-// run_attention_loop or as a team's tail (team.h) after. Only where
-// rotary_cache_attention_applies.
+// run_attention_loop or as a team's tail (team.h) after; next_layer plans the step's next
+// layer (its caches). Only where rotary_cache_attention_applies.
 std::unique_ptr<AttentionLoop> rotary_cache_attention_loop(
     at::Tensor& out, at::Tensor& query, at::Tensor& key, const at::Tensor& value,
     const at::Tensor& positions, const at::Tensor& cos_sin_cache, bool is_neox,

@@ -174,13 +174,21 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
     int cur = -1;  // folded: the res holding the stream (-1: none before the first norm)
     at::Tensor x = hidden;  // the current layer input, normalised in place (unfolded)
     at::Tensor attn = at::empty({m, num_heads, head_size}, opts);
-    // the layers' scratch rows, made at the first layer (and again where a layer's sizes differ)
-    at::Tensor qkv = at::empty({m, 0}, opts), gate_up = at::empty({m, 0}, opts), act;
+    const at::Tensor attn2 = attn.view({m, q_size});
+    // the layers' scratch rows: qkv's (every layer's qkv weight has q_size + 2 kv_size rows)
+    // and their views made once, gate/up's at the first layer (and again where a layer's
+    // sizes differ)
+    at::Tensor qkv = at::empty({m, q_size + 2 * kv_size}, opts);
+    at::Tensor q = qkv.narrow(1, 0, q_size);
+    at::Tensor k = qkv.narrow(1, q_size, kv_size);
+    at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size);
+    at::Tensor gate_up = at::empty({m, 0}, opts), act;
     // folded and shared: the rows each norm makes once for its linear's threads
     at::Tensor normed = fold_share ? at::empty_like(hidden) : at::Tensor();
     // folded, with the norm tail: the next norm_linear's fold, made before the loop before its
     // linear (o's, down's), which normalises its rows as its tail (normalised: it did)
     std::optional<LayerFold> ahead;
+    std::unique_ptr<AttentionLoop> attention;  // folded: the step's attention plan
     const auto fold_ahead = [&](const at::Tensor& norm_w, const at::Tensor& out,
                                 at::Tensor* silu_out) -> const LayerFold* {
       if (!norm_tail) return nullptr;
@@ -250,19 +258,17 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
       TORCH_CHECK(qkv_b == nullptr || (qkv_b->dim() == 1 && qkv_b->size(0) == qkv_w.size(0) &&
                                        qkv_b->scalar_type() == hidden.scalar_type()),
                   "layer ", l, ": qkv bias must be [", qkv_w.size(0), "] of the hidden's dtype");
-      if (qkv.size(1) != qkv_w.size(0)) qkv = at::empty({m, qkv_w.size(0)}, opts);
-      at::Tensor q = qkv.narrow(1, 0, q_size);
-      at::Tensor k = qkv.narrow(1, q_size, kv_size);
-      at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size);
       at::Tensor kc = key_caches[l], vc = value_caches[l];
-      // folded, the attention planned before the qkv linear and, where it is worth other
-      // threads, run as that loop's tail
-      std::unique_ptr<AttentionLoop> attention;
-      if (fold_attention) {
+      // folded, the attention planned before the first layer's qkv linear (the next layers'
+      // the same plan on their caches) and, where it is worth other threads, run as that
+      // loop's tail
+      if (fold_attention && l == 0) {
         attention = rotary_cache_attention_loop(attn, q, k, v, positions, cos_sin_cache, is_neox,
                                                 kc, vc, slot_mapping, block_tables,
                                                 context_lens, query_start_loc, max_context_len,
                                                 scale);
+      } else if (fold_attention) {
+        attention->next_layer(kc, vc);
       }
       if (!norm_linear(w[0], l == 0, qkv, qkv_w, qkv_b, packed_of(packed, l, 0, qkv_w), nullptr,
                        kStageQkv, attention.get()) &&
@@ -285,17 +291,14 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
         gate_up = at::empty({m, gate_up_w.size(0)}, opts);
         act = at::empty({m, gate_up_w.size(0) / 2}, opts);
       }
-      at::Tensor attn2 = attn.view({m, q_size});
       linear_then_norm(attn2, w[3], packed_of(packed, l, 1, w[3]),
                        fold_ahead(w[4], gate_up, &act));
       clock.mark(kStageO);
       norm_linear(w[4], false, gate_up, gate_up_w, nullptr, packed_of(packed, l, 2, gate_up_w),
                   &act, kStageGateUp, nullptr);
-      // the next layer's first norm ahead (its qkv rows made here, of its weight's size)
+      // the next layer's first norm ahead (into qkv's rows, made before the layers)
       const LayerFold* next_fold = nullptr;
       if (norm_tail && l + 1 < num_layers) {
-        const at::Tensor& next_qkv_w = weights[(l + 1) * kTensorsPerLayer + 1];
-        if (qkv.size(1) != next_qkv_w.size(0)) qkv = at::empty({m, next_qkv_w.size(0)}, opts);
         next_fold = fold_ahead(weights[(l + 1) * kTensorsPerLayer], qkv, nullptr);
       }
       linear_then_norm(act, w[6], packed_of(packed, l, 3, w[6]), next_fold);
