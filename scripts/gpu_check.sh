@@ -44,16 +44,23 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, after the thirty-third session (RESULTS.md): the bar (batch 8 at
-#   most 1.3x batch 1, held context 16, 16 threads) for draft-20m read 1.30, 1.40 (run 63) and
-#   1.15, 1.38 (run 64, the norm tails on); llama-68m and SmolLM2 meet it in every round. Run
-#   64's timeline (`VLLM_CPU_NORM_TAIL=1 TRACE_SHAPES=draft-20m HOST_ONLY=1 bash
-#   scripts/gpu_check.sh trace`) left batch 8's loops 213 us a forward against batch 1's 125:
-#   the chunks themselves (qkv 42 with the attention's 11, gate/up 34, down 26, o 24) and the
-#   LM head (87 against 64); the master's serial work is ~56 us at both sizes (~12 us a layer
-#   before qkv: weight checks, views, the attention's plan). First: the draft stage in 3+
-#   rounds (DRAFT_SETTINGS="default;ntail0:VLLM_CPU_NORM_TAIL=0") on one host, the default
-#   trace (run 63's machine was given back before its llama-68m and SmolLM2 traces came).
+#   (the next lease's plan, after the thirty-fourth session (RESULTS.md): the bar (batch 8 at
+#   most 1.3x batch 1, held context 16, 16 threads) read, batch 1 and 8 timed one after the
+#   other, draft-20m 1.30, 1.40 (run 63), 1.15, 1.38 (run 64), 1.28, 1.29, 1.20 (run 65);
+#   SmolLM2 1.03, 1.54, 1.06 in run 65 (its round 2 moved between the rows). benchmark_draft
+#   now times the batch sizes in turns forward by forward, as the settings: no round has been
+#   timed so yet. Run first (HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4
+#   DRAFT_PATHS=fused DRAFT_THREADS=16 DRAFT_FORWARDS=96, ~70 s a round after the build):
+#   round 1 of `DRAFT_SETTINGS="default;ntail0:VLLM_CPU_NORM_TAIL=0" ... draft`; then
+#   `pytest tests/kernels/test_cpu_decode.py -k "folds_change_nothing and 16"` (the step's
+#   attention plan made once a step is new: checked only on AVX2 so far); rounds 2 and 3;
+#   `pytest tests/benchmarks/test_step_trace.py` (its norm-tail test on a wider model: run 65
+#   failed it on tiny_llama, whose o weight is one thread's share and runs inline). Then a
+#   trace (`HOST_ONLY=1 bash scripts/gpu_check.sh trace`): the master's serial work was ~100 us
+#   a draft-20m forward in run 65; the plan made once took 10 us a forward off it on the 2-core
+#   machine. Batch 8's loops were 269 us a forward against batch 1's 179 (run 65): o, gate/up
+#   and down each ~20 us a forward more at batch 8 whatever their weight bytes (a cost a loop:
+#   a trace with VLLM_CPU_AMX=0 would say whether the AMX tiles' set-up is it).
 #   Cache-line hints measured nothing (run 62). The goodput check (never-accepted draft)
 #   measured 0.97x / 0.99x plain in run 59.
 #   Write .source_commit beside the copy (carry it); without it results read <HEAD>+dirty.
