@@ -343,14 +343,22 @@ def print_summary(rows: list[dict], picks: dict) -> None:
               f"{'' if low == 1 else f'(batch {low}) '}({pick_txt}); {', '.join(ratios) or '-'}")
 
 
+def batch_sizes_arg(text: str) -> list[int]:
+    """--batch-sizes: distinct positive sizes (each takes turns with its own sequences)."""
+    sizes = [int(b) for b in text.split(",")]
+    if len(set(sizes)) != len(sizes) or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected distinct positive sizes, got {text!r}")
+    return sizes
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="one or more checkpoints, comma-separated")
     parser.add_argument("--load-format", default="auto")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--threads", default=None, help="comma list (default 1, 2, 4, ... all)")
-    parser.add_argument("--batch-sizes", type=lambda s: [int(b) for b in s.split(",")],
-                        default=[1])
+    parser.add_argument("--batch-sizes", type=batch_sizes_arg, default=[1],
+                        help="comma list of distinct sizes, timed in turns")
     parser.add_argument("--paths", default="fused,native",
                         help="CPU decode paths to time: fused and/or native")
     parser.add_argument("--context", type=int, default=256)

@@ -138,17 +138,20 @@ def test_benchmark_draft(tmp_path, tiny_llama):
         assert 0 < row["min"] <= row["ms_per_forward"] and row["floor_ms"] > 0
 
 
-def test_benchmark_draft_settings_in_turns(tmp_path, tiny_llama):
+def test_benchmark_draft_settings_in_turns(tmp_path, tiny_llama, capsys):
     """--settings: each setting a row of its own (labelled in the path), the forwards of the
-    settings taken in turns; a malformed setting is refused by name."""
+    settings and the batch sizes taken in turns (a row each, batch-major); a malformed setting
+    and a batch size named twice are refused by name."""
     out = tmp_path / "d.json"
     run("benchmark_draft.py", "--model", tiny_llama, "--dtypes", "bfloat16", "--threads", "1",
         "--context", "16", "--num-forwards", "6", "--warmup", "2", "--paths", "fused",
+        "--batch-sizes", "1,2",
         "--settings", "team:VLLM_CPU_DECODE_TEAM=1;VLLM_CPU_DECODE_TEAM=0,"
         "VLLM_CPU_DECODE_SPLIT_ELEMS=0", "--output-json", str(out))
     rows = json.loads(out.read_text())["rows"]
-    assert [r["path"] for r in rows] == [
-        "fused team", "fused VLLM_CPU_DECODE_TEAM=0,VLLM_CPU_DECODE_SPLIT_ELEMS=0"]
+    other = "fused VLLM_CPU_DECODE_TEAM=0,VLLM_CPU_DECODE_SPLIT_ELEMS=0"
+    assert [(r["batch_size"], r["path"]) for r in rows] == [
+        (1, "fused team"), (1, other), (2, "fused team"), (2, other)]
     for row in rows:
         assert 0 < row["min"] <= row["ms_per_forward"] and row["stage_ms"]["attention"] > 0
     from benchmarks.benchmark_draft import parse_settings
@@ -156,6 +159,13 @@ def test_benchmark_draft_settings_in_turns(tmp_path, tiny_llama):
         ("default", {}), ("A=1,B=2", {"A": "1", "B": "2"}), ("b", {"A": "3"})]
     with pytest.raises(ValueError, match="expected VAR=value, got 'TEAM'"):
         parse_settings("TEAM")
+    # the batch sizes take turns, each with its own sequences: a size twice is refused
+    from benchmarks.benchmark_draft import make_parser
+    assert make_parser().parse_args(["--model", "m", "--batch-sizes", "8,1"]).batch_sizes == [8, 1]
+    for bad in ("1,1", "0,8"):
+        with pytest.raises(SystemExit):
+            make_parser().parse_args(["--model", "m", "--batch-sizes", bad])
+        assert f"expected distinct positive sizes, got '{bad}'" in capsys.readouterr().err
 
 
 def test_time_forwards_alternates_settings(monkeypatch):
