@@ -13,6 +13,8 @@
 //   VLLM_CPU_NORM_TAIL: where the norms fold and are shared, each one after a
 //     layer's first normalised as the tail of the o or down loop before its linear (each team
 //     thread its share of the rows), not by claims and a wait inside the linear's loop.
+//   VLLM_CPU_AVX2_TILES: the AVX2 build's bf16 linears of 8-64 rows on register tiles
+//     (linear.cpp's tile_avx2); 0: the GEMV's passes (row_all).
 //   VLLM_CPU_FOLD_SHARE: a folded norm's rows normalised once, shared by its linear's threads
 //     (each claims rows, then waits for all; layer_folds.h); 0: each thread all rows for itself.
 #pragma once

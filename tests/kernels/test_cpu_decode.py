@@ -90,6 +90,30 @@ def test_linear_small_settings_are_checked(variable, value, message, rows, monke
                          torch.randn(32, 64, dtype=torch.bfloat16), None)
 
 
+@pytest.mark.parametrize("tiles", ["0", "1"])
+@pytest.mark.parametrize("m", [7, 8, 11, 64])
+@pytest.mark.parametrize("n,k", [(13, 100), (768, 256), (37, 810)])
+def test_linear_small_avx2_tiles_setting(tiles, m, n, k, monkeypatch):
+    """The AVX2 build's bf16 register tiles from 8 rows (VLLM_CPU_AVX2_TILES, read at every
+    call; 0: the GEMV's passes) both match the reference, weight rows beyond whole tiles and a
+    column tail included; a bad value is an error naming it (read by the AVX2 build where the
+    tiles apply)."""
+    if ops.cpu_isa() != "avx2":
+        pytest.skip("the setting is read by the AVX2 build")
+    monkeypatch.setenv("VLLM_CPU_AVX2_TILES", tiles)
+    torch.manual_seed(m + n)
+    x, w = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16)
+    b = torch.randn(n, dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    ops.linear_small(out, x, w / k**0.5, b)
+    assert_close("linear_small avx2 tiles", out.float(),
+                 F.linear(x.float(), (w / k**0.5).float(), b.float()), torch.bfloat16)
+    if m >= 8:  # read where the tiles apply
+        monkeypatch.setenv("VLLM_CPU_AVX2_TILES", "yes")
+        with pytest.raises(RuntimeError, match="VLLM_CPU_AVX2_TILES must be 0 or 1"):
+            ops.linear_small(out, x, w, b)
+
+
 @pytest.mark.parametrize("amx", ["0", "auto", "all"])
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 15, 16, 17])
 # n: whole tiles of 16 weight rows, an odd count of them (5), a tail of 4 rows after them,
