@@ -116,6 +116,11 @@ def hold_context(draft: DraftModelProposer, reqs: list, context: int) -> None:
         seq.num_computed_tokens = context
 
 
+def turns_of(batch_sizes: list[int], settings: list) -> list[tuple[int, tuple]]:
+    """time_forwards' turns, batch-major: (batch size, setting) for each size, each setting."""
+    return [(bs, setting) for bs in batch_sizes for setting in settings]
+
+
 def time_forwards(draft: DraftModelProposer, args, batch_sizes,
                   settings: tuple = (("", {}),), stage_ms: tuple = (None,),
                   outside: tuple = (None,)) -> list[list[float]]:
@@ -130,7 +135,7 @@ def time_forwards(draft: DraftModelProposer, args, batch_sizes,
     sizes and the settings take turns forward by forward and share the host's drift."""
     if isinstance(batch_sizes, int):
         batch_sizes = [batch_sizes]
-    turns = [(bs, setting) for bs in batch_sizes for setting in settings]
+    turns = turns_of(batch_sizes, settings)
     vocab = draft.config.hf_config.vocab_size
     batches = {}
     for bs in batch_sizes:
@@ -278,7 +283,7 @@ def main(args) -> dict:
                                             bandwidth) for bs in args.batch_sizes}
                 for path in args.paths.split(","):
                     os.environ["VLLM_CPU_DECODE_PATH"] = path
-                    turns = [(bs, s) for bs in args.batch_sizes for s in settings]
+                    turns = turns_of(args.batch_sizes, settings)
                     clocks = tuple(torch.zeros(len(ops.DECODE_STAGES), dtype=torch.float64)
                                    for _ in turns)
                     outside = tuple({} for _ in turns)

@@ -95,20 +95,24 @@ class LoopTail {
   Team* team_;
 };
 
+// A LoopTail whose items are ctx's Method(begin, end).
+template <typename C, void (C::*Method)(int64_t, int64_t) const>
+LoopTail tail_of(const C* ctx, int64_t items) {
+  return LoopTail(
+      [](const void* c, int64_t b, int64_t e) { (static_cast<const C*>(c)->*Method)(b, e); },
+      ctx, items);
+}
+
 // The tails decode_layers gives a linear's loop: the folded attention after qkv, where it is
 // not small (VLLM_CPU_ATTENTION_TAIL; a small one runs on the master after the loop), and the
 // next fold's shared norm after o and down (VLLM_CPU_NORM_TAIL).
 LoopTail attention_tail_of(const AttentionLoop* attention, bool on) {
   if (!on || attention == nullptr || attention->small()) return LoopTail(nullptr, nullptr, 0);
-  return LoopTail(
-      [](const void* ctx, int64_t b, int64_t e) { static_cast<const AttentionLoop*>(ctx)->run(b, e); },
-      attention, attention->parts());
+  return tail_of<AttentionLoop, &AttentionLoop::run>(attention, attention->parts());
 }
 LoopTail norm_tail_of(const LayerFold* fold) {
   if (fold == nullptr) return LoopTail(nullptr, nullptr, 0);
-  return LoopTail(
-      [](const void* ctx, int64_t b, int64_t e) { static_cast<const LayerFold*>(ctx)->normalise(b, e); },
-      fold, fold->rows());
+  return tail_of<LayerFold, &LayerFold::normalise>(fold, fold->rows());
 }
 
 bool linear_folds_apply(const at::Tensor& hidden, const std::vector<at::Tensor>& weights,
@@ -189,12 +193,18 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
     // linear (o's, down's), which normalises its rows as its tail (normalised: it did)
     std::optional<LayerFold> ahead;
     std::unique_ptr<AttentionLoop> attention;  // folded: the step's attention plan
+    // the fold of the next norm_linear (its norm's rows into out's linear; silu into silu_out
+    // where given) made in slot: it reads res[cur] and writes the other
+    const auto make_fold = [&](std::optional<LayerFold>& slot, const at::Tensor& norm_w,
+                               const at::Tensor& out, at::Tensor* silu_out,
+                               at::Tensor* shared) -> const LayerFold& {
+      const int next = cur == 0 ? 1 : 0;
+      return slot.emplace(hidden, cur < 0 ? nullptr : &res[cur], res[next], norm_w, epsilon, out,
+                          silu_out, shared);
+    };
     const auto fold_ahead = [&](const at::Tensor& norm_w, const at::Tensor& out,
                                 at::Tensor* silu_out) -> const LayerFold* {
-      if (!norm_tail) return nullptr;
-      const int next = cur == 0 ? 1 : 0;
-      return &ahead.emplace(hidden, cur < 0 ? nullptr : &res[cur], res[next], norm_w, epsilon,
-                            out, silu_out, &normed);
+      return norm_tail ? &make_fold(ahead, norm_w, out, silu_out, &normed) : nullptr;
     };
     // out = input @ w^T (+ b), the loop's tail where given: true where it ran there
     const auto linear_with_tail = [&](at::Tensor& out, const at::Tensor& input,
@@ -218,16 +228,14 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
                                  at::Tensor* silu_out, DecodeStage stage,
                                  const AttentionLoop* attention) {
       if (fold) {
-        const int next = cur == 0 ? 1 : 0;
         std::optional<LayerFold> own;
-        const LayerFold& f =
-            ahead ? *ahead
-                  : own.emplace(hidden, cur < 0 ? nullptr : &res[cur], res[next], norm_w,
-                                epsilon, out, silu_out, fold_share ? &normed : nullptr);
+        const LayerFold& f = ahead ? *ahead
+                                   : make_fold(own, norm_w, out, silu_out,
+                                               fold_share ? &normed : nullptr);
         const bool ran = linear_with_tail(out, hidden, w, b, p, &f,
                                           attention_tail_of(attention, attention_tail));
         ahead.reset();
-        cur = next;
+        cur = cur == 0 ? 1 : 0;
         clock.mark(stage);
         return ran;
       }

@@ -560,7 +560,8 @@ void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T
   const int64_t grain =
       std::max<int64_t>(1, (int64_t{32} << 10) / (k_dim * static_cast<int64_t>(sizeof(T))));
 #if defined(CPU_CAPABILITY_AVX2)
-  const bool avx2_tiles = m_dim >= kAvx2TileMinRows && switched_on("VLLM_CPU_AVX2_TILES");
+  const bool avx2_tiles = std::is_same_v<T, c10::BFloat16> && m_dim >= kAvx2TileMinRows &&
+                          switched_on("VLLM_CPU_AVX2_TILES");
 #endif
   parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
     int64_t n = begin;

@@ -196,9 +196,9 @@ class Team {
   }
 
   // The loop's tail, if it has one: this thread's flag set (its chunk done), a wait until every
-  // thread's is, then this thread's share of the items, split as parallel_for splits a loop of grain 1 (the
-  // threads start together, so equal shares; none after a chunk failed: the tail reads the
-  // chunks' output).
+  // thread's is, then this thread's share of the items, split as parallel_for splits a loop of
+  // grain 1 (the threads start together, so equal shares; none after a chunk failed: the tail
+  // reads the chunks' output).
   void run_tail(int tid) {
     if (tail_.items == 0) return;
     // each thread's flag, read by every thread: one counter that every thread increments while

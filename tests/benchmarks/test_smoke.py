@@ -161,7 +161,8 @@ def test_benchmark_draft_settings_in_turns(tmp_path, tiny_llama, capsys):
         parse_settings("TEAM")
     # the batch sizes take turns, each with its own sequences: a size twice is refused
     from benchmarks.benchmark_draft import make_parser
-    assert make_parser().parse_args(["--model", "m", "--batch-sizes", "8,1"]).batch_sizes == [8, 1]
+    args = make_parser().parse_args(["--model", "m", "--batch-sizes", "8,1"])
+    assert args.batch_sizes == [8, 1]
     for bad in ("1,1", "0,8"):
         with pytest.raises(SystemExit):
             make_parser().parse_args(["--model", "m", "--batch-sizes", bad])
