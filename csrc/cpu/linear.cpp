@@ -188,29 +188,34 @@ inline void tiles_avx2(c10::BFloat16* out, int64_t ldo, const float* x, int64_t 
 }
 #endif
 
-#ifdef VLLM_BF16_DOT
-// Input rows from which a bf16 step runs on register tiles (tile_bf16) of kTileN weight rows x
-// kTileRows input rows (fewer rows left over: a tile of as many). Fewer rows take row_bf16's one
-// stream a weight row (or two, row_pair_bf16). Paired on the 2-core Zen 4, SmolLM2-135M and
-// Qwen2.5-0.5B forwards: 4 x 6 as fast as or faster than 3 x 8, 4 x 5, 4 x 4 and 2 x 8 at 4, 5,
-// 6, 8 and 20 rows; against row_bf16 even (SmolLM2) to 1.14x (Qwen) at 4 rows, 1.2-1.4x at 6-8
-// (benchmarks/RESULTS.md, "register tiles").
-constexpr int kTileN = 4;
-constexpr int kTileRows = 6;
-constexpr int64_t kTileMinRows = 4;
-// At kTileMinRows rows a tile needs K of at least this many to pay for its reductions: at 4 rows
-// and K = 576 (SmolLM2) the GEMV read 1.03-1.05x faster in its forward (5 of 7 pairs), at K = 896
-// (Qwen2.5-0.5B) the tiles 1.13x.
-constexpr int64_t kTileMinK4 = 768;
+#if defined(CPU_CAPABILITY_AVX512)
+// The AVX-512 build's bf16 register tiles for CPUs without AVX512_BF16 (VLLM_CPU_AVX512_TILES,
+// on by default; every row count): 4 weight rows x up to 6 input rows, one accumulator a pair
+// (24 of the 32 registers, with the 4 weight vectors and an input vector), so a weight vector,
+// converted once, serves 6 input rows and an input vector 4 weight rows; the first pass fetches
+// the next tile's rows ahead. Before them such a CPU ran its bf16 linears of 9-64 rows on torch's
+// GEMM (Qwen2.5-0.5B's four matrices x 24 layers at 20 rows in 11.1x their floor) and of 1-8 on
+// row_all. In turns with row_all on a 2-core AVX-512 Xeon without AVX512_BF16 (VM; its four
+// matrices x layers, benchmarks/lab/cpu_packed_rows.py, SETTING=VLLM_CPU_AVX512_TILES):
+// Qwen2.5-1.5B 1.32 -> 1.00x its floor at 1 row, 1.16 -> 1.04x at 4, 2.17 -> 1.62x at 8, 5.77
+// -> 2.98x at 20; SmolLM2-135M's matrices each 0.7-0.95x row_all's time at 1-16 rows. Without
+// the next tile's prefetch the tiles lost at 2-8 rows where K is under ~1000 (1.2-1.3x row_all's
+// time on the 0.5B's gate_up). Written with GCC's unroll pragmas: without them the accumulators
+// went through the stack at every step.
+constexpr int kAvx512TileN = 4;
+constexpr int kAvx512TileRows = 6;
 
-// sums[i] = the 16 lanes of a[i] + b[i] added, i < 8, in one transposed tree (15 shuffles for
+inline __m512 load16(const c10::BFloat16* p, __mmask16 mask) {
+  const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// sums[i] = the 16 lanes of s[i] added, i < 8, in one transposed tree (15 shuffles for
 // the 8 sums, where a reduction apiece takes 4 each): per 128-bit lane, pairs of rows
 // interleaved and added, then quadruples, then the four lanes folded. (The bf16 GEMV at 8 rows,
 // 2-core Zen 4, paired against the per-row reductions: 6-7% faster over draft-20m's matrices,
 // K = 256, 2% over SmolLM2-135M's, K = 576 and 1536.)
-VLLM_BF16_TARGET inline void reduce8(const __m512* a, const __m512* b, float* sums) {
-  __m512 s[8];
-  for (int i = 0; i < 8; ++i) s[i] = _mm512_add_ps(a[i], b[i]);
+inline void reduce8(const __m512* s, float* sums) {
   __m512 t[4];  // t[p] per lane: [r0 part, r1 part, r0 part, r1 part] of rows 2p, 2p + 1
   for (int p = 0; p < 4; ++p) {
     t[p] = _mm512_add_ps(_mm512_unpacklo_ps(s[2 * p], s[2 * p + 1]),
@@ -228,6 +233,101 @@ VLLM_BF16_TARGET inline void reduce8(const __m512* a, const __m512* b, float* su
   _mm_storeu_ps(sums, _mm512_castps512_ps128(z));
   _mm_storeu_ps(sums + 4, _mm512_extractf32x4_ps(z, 2));
 }
+
+// k steps kStep .. of weight rows w (k_dim apart) against MR input rows x (ldx apart) into acc,
+// the weight vectors read under mask (the columns' tail: a mask of fewer lanes).
+template <int MR>
+inline void tile_avx512_step(__m512 (&acc)[kAvx512TileN][MR], const c10::BFloat16* w,
+                             int64_t k_dim, const float* x, int64_t ldx, __mmask16 mask) {
+  __m512 wv[kAvx512TileN];
+#pragma GCC unroll 4
+  for (int r = 0; r < kAvx512TileN; ++r) wv[r] = load16(w + r * k_dim, mask);
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) {
+    const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx);
+#pragma GCC unroll 4
+    for (int r = 0; r < kAvx512TileN; ++r) acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
+  }
+}
+
+// Weight rows n0 .. n0 + 3 against input rows m0 .. m0 + MR - 1 (fp32: linear_small_impl's copy).
+template <int MR>
+inline void tile_avx512(c10::BFloat16* out, int64_t ldo, const float* x, int64_t ldx,
+                        const c10::BFloat16* w, const c10::BFloat16* bias, int64_t k_dim,
+                        int64_t n0, int64_t m0) {
+  __m512 acc[kAvx512TileN][MR];
+#pragma GCC unroll 4
+  for (int r = 0; r < kAvx512TileN; ++r) {
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) acc[r][i] = _mm512_setzero_ps();
+  }
+  const c10::BFloat16* w0 = w + n0 * k_dim;
+  const float* xr = x + m0 * ldx;
+  // the first pass fetches the next tile's weight rows (contiguous: kAvx512TileN x k_dim) as
+  // it goes, two cache lines a step, in address order
+  const c10::BFloat16* next = m0 == 0 ? w0 + kAvx512TileN * k_dim : nullptr;
+  const int64_t whole = k_dim & ~int64_t{15};
+  for (int64_t k = 0; k < whole; k += 16) {
+    if (next != nullptr) {
+      __builtin_prefetch(next + kAvx512TileN * k, 0, 3);
+      __builtin_prefetch(next + kAvx512TileN * k + 32, 0, 3);
+    }
+    tile_avx512_step<MR>(acc, w0 + k, k_dim, xr + k, ldx, __mmask16(0xffff));
+  }
+  if (whole < k_dim) {
+    tile_avx512_step<MR>(acc, w0 + whole, k_dim, xr + whole, ldx,
+                         __mmask16((1u << (k_dim - whole)) - 1));
+  }
+  // the 4 x MR sums, 8 accumulators a transposed tree (reduce8), the last group padded
+  constexpr int kSums = kAvx512TileN * MR, kGroups = (kSums + 7) / 8;
+  __m512 flat[kGroups * 8];
+#pragma GCC unroll 24
+  for (int j = 0; j < kGroups * 8; ++j) {
+    flat[j] = j < kSums ? acc[j / MR][j % MR] : _mm512_setzero_ps();
+  }
+  float sums[kGroups * 8];
+#pragma GCC unroll 3
+  for (int g = 0; g < kGroups; ++g) reduce8(flat + 8 * g, sums + 8 * g);
+  for (int r = 0; r < kAvx512TileN; ++r) {
+    const float b = bias != nullptr ? static_cast<float>(bias[n0 + r]) : 0.f;
+    for (int i = 0; i < MR; ++i) {
+      out[(m0 + i) * ldo + n0 + r] = static_cast<c10::BFloat16>(sums[r * MR + i] + b);
+    }
+  }
+}
+
+// Weight rows [n, end) against all m_dim input rows on tile_avx512, kAvx512TileN at a time, in
+// passes of as even a share of the rows as kAvx512TileRows allows (20 rows: 4 passes of 5); n is
+// left at the first of the fewer than kAvx512TileN rows left.
+inline void tiles_avx512(c10::BFloat16* out, int64_t ldo, const float* x, int64_t ldx,
+                         const c10::BFloat16* w, const c10::BFloat16* bias, int64_t m_dim,
+                         int64_t k_dim, int64_t& n, int64_t end) {
+  const int64_t passes = (m_dim + kAvx512TileRows - 1) / kAvx512TileRows;
+  const int64_t per_pass = (m_dim + passes - 1) / passes;
+  for (; n + kAvx512TileN <= end; n += kAvx512TileN) {
+    for (int64_t m = 0; m < m_dim; m += per_pass) {
+      for_rows_left<kAvx512TileRows>(std::min(per_pass, m_dim - m), [&](auto rows) {
+        tile_avx512<decltype(rows)::value>(out, ldo, x, ldx, w, bias, k_dim, n, m);
+      });
+    }
+  }
+}
+#endif
+
+#ifdef VLLM_BF16_DOT
+// Input rows from which a bf16 step runs on register tiles (tile_bf16) of kTileN weight rows x
+// kTileRows input rows (fewer rows left over: a tile of as many). Fewer rows take row_bf16's one
+// stream a weight row (or two, row_pair_bf16). Paired on the 2-core Zen 4, SmolLM2-135M and
+// Qwen2.5-0.5B forwards: 4 x 6 as fast as or faster than 3 x 8, 4 x 5, 4 x 4 and 2 x 8 at 4, 5,
+// 6, 8 and 20 rows; against row_bf16 even (SmolLM2) to 1.14x (Qwen) at 4 rows, 1.2-1.4x at 6-8
+// (benchmarks/RESULTS.md, "register tiles").
+constexpr int kTileN = 4;
+constexpr int kTileRows = 6;
+constexpr int64_t kTileMinRows = 4;
+// At kTileMinRows rows a tile needs K of at least this many to pay for its reductions: at 4 rows
+// and K = 576 (SmolLM2) the GEMV read 1.03-1.05x faster in its forward (5 of 7 pairs), at K = 896
+// (Qwen2.5-0.5B) the tiles 1.13x.
+constexpr int64_t kTileMinK4 = 768;
 
 // One weight row n against MB input rows, in address order (see row_tile): two accumulators
 // per input row, over the even and odd 32-column steps.
@@ -261,7 +361,9 @@ VLLM_BF16_TARGET inline void row_bf16(c10::BFloat16* out, int64_t ldo, const c10
   }
   float sums[MB];
   if constexpr (MB == 8) {
-    reduce8(acc0, acc1, sums);
+    __m512 both[8];
+    for (int i = 0; i < 8; ++i) both[i] = _mm512_add_ps(acc0[i], acc1[i]);
+    reduce8(both, sums);
   } else {
     for (int i = 0; i < MB; ++i) sums[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
   }
@@ -498,10 +600,8 @@ void linear_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_
 bool linear_small_pays(at::ScalarType dtype, int64_t rows) {
   if (rows <= kGemvMaxRows) return true;
   if (dtype != at::kBFloat16 || rows > kSmallMaxRows) return false;
-#if defined(CPU_CAPABILITY_AVX2)
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
   return true;
-#elif defined(VLLM_BF16_DOT)
-  return has_bf16_dot();
 #else
   return false;
 #endif
@@ -562,12 +662,19 @@ void linear_small_impl(T* out, int64_t ldo, const T* input, int64_t ldi, const T
 #if defined(CPU_CAPABILITY_AVX2)
   const bool avx2_tiles = std::is_same_v<T, c10::BFloat16> && m_dim >= kAvx2TileMinRows &&
                           switched_on("VLLM_CPU_AVX2_TILES");
+#elif defined(CPU_CAPABILITY_AVX512)
+  const bool avx512_tiles =
+      std::is_same_v<T, c10::BFloat16> && switched_on("VLLM_CPU_AVX512_TILES");
 #endif
   parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
     int64_t n = begin;
 #if defined(CPU_CAPABILITY_AVX2)
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
       if (avx2_tiles) tiles_avx2(out, ldo, x, ldx, weight, bias, m_dim, k_dim, n, end);
+    }
+#elif defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (avx512_tiles) tiles_avx512(out, ldo, x, ldx, weight, bias, m_dim, k_dim, n, end);
     }
 #endif
     for (; n < end; ++n) row_all<T>(out, ldo, x, ldx, weight, bias, m_dim, k_dim, n);

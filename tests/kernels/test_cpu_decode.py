@@ -90,27 +90,33 @@ def test_linear_small_settings_are_checked(variable, value, message, rows, monke
                          torch.randn(32, 64, dtype=torch.bfloat16), None)
 
 
+# the builds with register tiles for bf16 without bf16 dot products: their setting, first rows
+CONVERT_TILES = {"avx2": ("VLLM_CPU_AVX2_TILES", 8), "avx512": ("VLLM_CPU_AVX512_TILES", 1)}
+
+
 @pytest.mark.parametrize("tiles", ["0", "1"])
-@pytest.mark.parametrize("m", [7, 8, 11, 64])
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 10, 11, 13, 64])
 @pytest.mark.parametrize("n,k", [(13, 100), (768, 256), (37, 810)])
-def test_linear_small_avx2_tiles_setting(tiles, m, n, k, monkeypatch):
-    """The AVX2 build's bf16 register tiles from 8 rows (VLLM_CPU_AVX2_TILES, read at every
-    call; 0: the GEMV's passes) both match the reference, weight rows beyond whole tiles and a
-    column tail included; a bad value is an error naming it (read by the AVX2 build where the
-    tiles apply)."""
-    if ops.cpu_isa() != "avx2":
-        pytest.skip("the setting is read by the AVX2 build")
-    monkeypatch.setenv("VLLM_CPU_AVX2_TILES", tiles)
+def test_linear_small_register_tiles_setting(tiles, m, n, k, monkeypatch):
+    """The AVX2 build's bf16 register tiles from 8 rows (VLLM_CPU_AVX2_TILES) and the AVX-512
+    build's from 1 on CPUs without AVX512_BF16 (VLLM_CPU_AVX512_TILES), each read at every
+    call, 0: the GEMV's passes. Both settings match the reference, weight rows beyond whole
+    tiles, passes of uneven rows and a column tail included; a bad value is an error naming
+    the setting (read where the tiles apply)."""
+    if ops.cpu_isa() not in CONVERT_TILES or has_avx512_bf16():
+        pytest.skip("the tiles of a build without bf16 dot products (AVX2, AVX-512)")
+    variable, first_rows = CONVERT_TILES[ops.cpu_isa()]
+    monkeypatch.setenv(variable, tiles)
     torch.manual_seed(m + n)
     x, w = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16)
     b = torch.randn(n, dtype=torch.bfloat16)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
     ops.linear_small(out, x, w / k**0.5, b)
-    assert_close("linear_small avx2 tiles", out.float(),
+    assert_close("linear_small register tiles", out.float(),
                  F.linear(x.float(), (w / k**0.5).float(), b.float()), torch.bfloat16)
-    if m >= 8:  # read where the tiles apply
-        monkeypatch.setenv("VLLM_CPU_AVX2_TILES", "yes")
-        with pytest.raises(RuntimeError, match="VLLM_CPU_AVX2_TILES must be 0 or 1"):
+    if m >= first_rows:  # read where the tiles apply
+        monkeypatch.setenv(variable, "yes")
+        with pytest.raises(RuntimeError, match=f"{variable} must be 0 or 1"):
             ops.linear_small(out, x, w, b)
 
 
