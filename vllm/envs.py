@@ -128,10 +128,10 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                               "the AVX-512 build's bf16 linears of 1-64 input rows, on CPUs "
                               "without AVX512_BF16, on register tiles (4 weight rows x 6 input "
                               "rows, each weight vector converted once for 6 rows) instead of "
-                              "the GEMV's passes from 1 row and torch's GEMM from 9 (read by the "
-                              "kernel at each call; 0: those). Qwen2.5-1.5B's matrices at 20 "
-                              "rows 5.77 -> 2.98x their floor, 1 row 1.32 -> 1.00x, on a 2-core "
-                              "AVX-512 Xeon"),
+                              "the GEMV's passes (read by the kernel at each call; 0: the "
+                              "GEMV; before, torch's GEMM took 9-64 rows). Qwen2.5-1.5B's "
+                              "matrices at 20 rows 5.77 -> 2.98x their floor, 1 row 1.32 -> "
+                              "1.00x, on a 2-core AVX-512 Xeon"),
     "VLLM_CPU_FOLD_SHARE": (_one_of("0", "1"), "1",
                             "where decode_layers folds a norm into a linear's loop, the rows "
                             "are normalised once, each by a thread that claims it, into a "

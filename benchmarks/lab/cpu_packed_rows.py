@@ -4,8 +4,8 @@ copies (linear_packed: the packed AVX512 tiles, or AMX tiles where VLLM_CPU_AMX 
 median ms per pass over the layers, each row count and path in turns, against the floor of the
 weight bytes over the copy rate measured here. A row count below linear.cpp's kPackedMinRows
 runs the row-major kernels on either path.
-    MODEL=smollm2|qwen0.5b|qwen1.5b (default smollm2), L= layers (30; 240 streams SmolLM2's weights from
-    memory on a CPU with a large L3), ROWS=1,8, PATHS=row-major,packed, PER_MATRIX=1 (a line per
+    MODEL=smollm2|qwen0.5b|qwen1.5b (default smollm2), L= layers (30; 240 streams SmolLM2's
+    weights from memory on a CPU with a large L3), ROWS=1,8, PATHS=row-major,packed, PER_MATRIX=1 (a line per
     matrix, else one per path and row count for all four), T= threads (2), REPO= another tree's
     vllm (A/B of two builds), SETTING=VAR (each path also run with VAR=0 and VAR=1, in turns
     in one process: the kernels read their switches at every call; runs of separate processes
@@ -25,7 +25,8 @@ from benchmarks.timing import copy_bandwidth_gbps  # noqa: E402
 from vllm import _custom_ops as ops  # noqa: E402
 
 # hidden, intermediate, KV width (KV heads x head size)
-MODELS = {"smollm2": (576, 1536, 192), "qwen0.5b": (896, 4864, 128), "qwen1.5b": (1536, 8960, 256)}
+MODELS = {"smollm2": (576, 1536, 192), "qwen0.5b": (896, 4864, 128),
+          "qwen1.5b": (1536, 8960, 256)}
 H, I, KV = MODELS[os.environ.get("MODEL", "smollm2")]
 SHAPES = {"qkv": (H + 2 * KV, H), "o": (H, H), "gate_up": (2 * I, H), "down": (H, I)}
 LAYERS = int(os.environ.get("L", "30"))

@@ -234,8 +234,8 @@ inline void reduce8(const __m512* s, float* sums) {
   _mm_storeu_ps(sums + 4, _mm512_extractf32x4_ps(z, 2));
 }
 
-// k steps kStep .. of weight rows w (k_dim apart) against MR input rows x (ldx apart) into acc,
-// the weight vectors read under mask (the columns' tail: a mask of fewer lanes).
+// One step of 16 columns: weight rows w (k_dim apart) against MR input rows x (ldx apart) into
+// acc, read under mask (all 16 lanes, or the columns' tail).
 template <int MR>
 inline void tile_avx512_step(__m512 (&acc)[kAvx512TileN][MR], const c10::BFloat16* w,
                              int64_t k_dim, const float* x, int64_t ldx, __mmask16 mask) {
@@ -593,10 +593,11 @@ void linear_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, int64_
 
 // Whether linear_small_impl beats torch's GEMM at `rows` input rows of `dtype`: up to
 // kGemvMaxRows (8) rows always; bf16 up to kSmallMaxRows (64) on AVX512_BF16 (register tiles)
-// and in the AVX2 build (the GEMV, a pass per 4 rows over each weight row, against torch's bf16
-// GEMM without AVX512_BF16 at 3.1-4.1x its time: 2-core AVX2 EPYC, SmolLM2's and draft-20m's
-// matrices at 16-64 rows, benchmarks/RESULTS.md, twenty-sixth session; the AVX-512 build
-// without AVX512_BF16 is not measured and keeps torch's GEMM from 9 rows).
+// and in the AVX2 and AVX-512 builds without it (the GEMV, a pass per 4 rows over each weight
+// row, against torch's bf16 GEMM at 3.1-4.1x its time: 2-core AVX2 EPYC, SmolLM2's and
+// draft-20m's matrices at 16-64 rows, benchmarks/RESULTS.md, twenty-sixth session; on a 2-core
+// AVX-512 Xeon without AVX512_BF16, Qwen2.5-0.5B's matrices at 20 rows, torch 301 ms, the GEMV
+// 143-183, tile_avx512 88-89: thirty-fifth session).
 bool linear_small_pays(at::ScalarType dtype, int64_t rows) {
   if (rows <= kGemvMaxRows) return true;
   if (dtype != at::kBFloat16 || rows > kSmallMaxRows) return false;

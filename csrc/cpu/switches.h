@@ -16,7 +16,7 @@
 //   VLLM_CPU_AVX2_TILES: the AVX2 build's bf16 linears of 8-64 rows on register tiles
 //     (linear.cpp's tile_avx2); 0: the GEMV's passes (row_all).
 //   VLLM_CPU_AVX512_TILES: the AVX-512 build's bf16 linears of 1-64 rows, without AVX512_BF16,
-//     on register tiles (linear.cpp's tile_avx512); 0: the GEMV (row_all) and torch's GEMM.
+//     on register tiles (linear.cpp's tile_avx512); 0: the GEMV's passes (row_all).
 //   VLLM_CPU_FOLD_SHARE: a folded norm's rows normalised once, shared by its linear's threads
 //     (each claims rows, then waits for all; layer_folds.h); 0: each thread all rows for itself.
 #pragma once
