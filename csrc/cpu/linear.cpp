@@ -107,13 +107,16 @@ inline void row_all(T* out, int64_t ldo, const float* x, int64_t ldx, const T* w
 // up to 4 input rows, one accumulator a pair (12 of AVX2's 16 registers, with the 3 weight
 // vectors and an input vector), so a weight vector, converted once, serves 4 input rows and an
 // input vector 3 weight rows; row_tile loads an input vector for every multiply-add and converts
-// each weight vector again at every pass. The first pass prefetches each weight row
-// kPrefetchBytes ahead (3 rows read side by side fell behind the hardware prefetcher: without,
-// 8 rows read no faster than row_all). SmolLM2-135M's four matrices x 30 layers, 2-core AVX2
-// EPYC, bf16, in turns with row_all (benchmarks/lab/cpu_packed_rows.py): 7 rows even, 8 rows
-// 0.85-0.88x its time, 12 rows 0.78-0.80x, 16 rows 0.66-0.67x; 4-6 rows 1.07-1.19x (row_all
-// keeps those). Written with intrinsics: the same tile over at::vec's types spilled and ran
-// 1.2x slower than row_all at 8 rows.
+// each weight vector again at every pass. The first pass prefetches the next tile's weight rows
+// (3 rows read side by side fell behind the hardware prefetcher: without a prefetch, 8 rows read
+// no faster than row_all). SmolLM2-135M's four matrices x 30 layers, 2-core AVX2 EPYC, bf16, in
+// turns with row_all (benchmarks/lab/cpu_packed_rows.py), each row then prefetched 2 KB ahead:
+// 7 rows even, 8 rows 0.85-0.88x its time, 12 rows 0.78-0.80x, 16 rows 0.66-0.67x; 4-6 rows
+// 1.07-1.19x (row_all keeps those). The next tile's rows instead (the AVX2 build on a 2-core
+// AVX-512 Xeon, not yet on the EPYC; SmolLM2's and Qwen2.5-0.5B's matrices): 8 rows 0.75-0.83x
+// row_all's time against 0.72-1.04x, 16 rows 0.48-0.77x against 0.49-0.84x. Written with
+// intrinsics: the same tile over at::vec's types spilled and ran 1.2x slower than row_all at 8
+// rows.
 constexpr int64_t kAvx2TileMinRows = 8;
 
 inline __m256 load8(const c10::BFloat16* p) {
@@ -140,15 +143,12 @@ inline void tile_avx2(c10::BFloat16* out, int64_t ldo, const float* x, int64_t l
   const c10::BFloat16* w1 = w0 + k_dim;
   const c10::BFloat16* w2 = w1 + k_dim;
   const float* xr = x + m0 * ldx;
-  const bool prefetch = m0 == 0;
-  constexpr int64_t kAhead = kPrefetchBytes / 2, kLine = 32;  // bf16 elements
+  // the first pass fetches the next tile's 3 weight rows (contiguous) in address order, 48 bytes
+  // a step
+  const c10::BFloat16* next = m0 == 0 ? w0 + 3 * k_dim : nullptr;
   const int64_t whole = k_dim & ~int64_t{7};
   for (int64_t k = 0; k < whole; k += 8) {
-    if (prefetch && k % kLine == 0) {
-      __builtin_prefetch(w0 + k + kAhead, 0, 3);
-      __builtin_prefetch(w1 + k + kAhead, 0, 3);
-      __builtin_prefetch(w2 + k + kAhead, 0, 3);
-    }
+    if (next != nullptr) __builtin_prefetch(next + 3 * k, 0, 3);
     const __m256 a = load8(w0 + k), b = load8(w1 + k), c = load8(w2 + k);
     for (int i = 0; i < MR; ++i) {
       const __m256 xv = _mm256_loadu_ps(xr + i * ldx + k);
