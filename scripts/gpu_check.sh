@@ -45,7 +45,7 @@
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
 #   (the next lease's plan, unchanged since the thirty-fourth session (the thirty-fifth got no
-#   machine in 12 calls; RESULTS.md): the bar (batch 8 at
+#   machine in 24 calls; RESULTS.md): the bar (batch 8 at
 #   most 1.3x batch 1, held context 16, 16 threads) read, batch 1 and 8 timed one after the
 #   other, draft-20m 1.30, 1.40 (run 63), 1.15, 1.38 (run 64), 1.28, 1.29, 1.20 (run 65);
 #   SmolLM2 1.03, 1.54, 1.06 in run 65 (its round 2 moved between the rows). benchmark_draft
