@@ -266,7 +266,10 @@ def test_drafter_catches_up_during_plain_steps(reference, spec_target):
     pattern = [0, 0, 0, 0, 1, 0, 0, 3, 3, 0, 0, 0, 2]
     calls = {"n": 0}
 
-    def scripted(req_ids, seeded, catch_up_tokens=0, can_hit=None):
+    lefts = []
+
+    def scripted(req_ids, seeded, catch_up_tokens=0, can_hit=None, tokens_left=None):
+        lefts.append(tokens_left)  # each decoding request's max_tokens less its output
         k = pattern[calls["n"] % len(pattern)]
         calls["n"] += 1
         return Decision(k, probe=k == 1)
@@ -300,5 +303,10 @@ def test_drafter_catches_up_during_plain_steps(reference, spec_target):
         assert fed["n"] > 10
         after_plain = [ok for (k, ok), (prev, _) in zip(measured[1:], measured) if k and not prev]
         assert len(after_plain) > 5 and all(after_plain)
+        # all four decode from the same step and emit the same tokens (every draft accepted)
+        # (None: a step with no decoding request, the prompts')
+        lefts = [n for n in lefts if n is not None]
+        assert lefts[0] == NUM_TOKENS - 1 and lefts == sorted(lefts, reverse=True)
+        assert min(lefts) >= 1 and len(set(lefts)) > 10
     finally:
         engine.shutdown()

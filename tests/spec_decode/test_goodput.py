@@ -86,6 +86,23 @@ def test_a_bucket_counts_from_its_second_measurement():
     assert curve.estimate(16) == pytest.approx(9e-3)
 
 
+def test_a_first_measurement_may_only_lower_its_own_bucket():
+    """A new bucket's first measurement, lower than the curve reads its sizes, is their
+    estimate until a second one makes the bucket count (then the lower quartile as ever); a
+    higher one (a warm-up) moves nothing, and no other bucket's sizes move either."""
+    curve = CostCurve(window=7)
+    record_twice(curve, 4, 0.10)
+    record_twice(curve, 8, 0.20)
+    assert curve.estimate(12) == pytest.approx(0.30)  # the slope of 4 and 8, extrapolated
+    curve.record(12, 0.21)  # 12 tokens cost about what 8 do (a pass of the CPU's tiles)
+    assert curve.estimate(12) == pytest.approx(0.21) and not curve.measured(12)
+    assert curve.estimate(16) == pytest.approx(0.40) and curve.estimate(6) == pytest.approx(0.15)
+    curve.record(12, 0.25)
+    assert curve.estimate(12) == pytest.approx(0.21) and curve.measured(12)
+    curve.record(24, 5.0)  # a warm-up: the curve's figure stands
+    assert curve.estimate(24) == pytest.approx(0.21 + 12 * 0.01 / 4)  # 12 and 8's slope
+
+
 def test_a_stall_or_a_warm_up_moves_a_bucket_not_at_all_and_a_lasting_change_comes_through():
     """On the H200 a graph capture in the middle of serving (~36 ms against a 6 ms step), and a
     first draft proposal that paid the drafter's warm-up (12 ms against 0.7), each kept the
@@ -211,11 +228,11 @@ def cpu_like(n: int) -> float:  # compute-bound target: every token costs the sa
     return 10e-3 * n
 
 
-def test_a_cpu_target_climbs_k_by_octaves_of_measured_verification_sizes():
-    """Exploring upward (a CPU target), a step's tokens are at most twice the largest
-    verification size measured, so the first speculative steps draft 1 each where the
-    configured K (the verification priced flat before it is measured) drafted 4 and paid 5
-    plain steps' time for it, twice; once the curve measures the growth, both go plain."""
+def test_a_cpu_target_climbs_k_one_at_a_time():
+    """Exploring upward (a CPU target), a step's k is at most one past the largest verification
+    size measured, so the first speculative steps draft 1 each where the configured K (the
+    verification priced flat before it is measured) drafted 4 and paid 5 plain steps' time for
+    it, twice; once the curve measures the growth, both go plain."""
     draft = lambda b: 2e-3 * b  # noqa: E731
     upward = GoodputController(max_k=4, explore_upward=True)
     rate_up, ks_up = simulate(upward, 0.95, cpu_like, draft, batch=4, steps=30)
@@ -224,15 +241,71 @@ def test_a_cpu_target_climbs_k_by_octaves_of_measured_verification_sizes():
     assert set(ks_up[4:]) == set(ks_k[4:]) == {0}
     plain = 4 / cpu_like(4)  # tokens per second of plain steps: 30 steps within 2% of it
     assert rate_up > 0.98 * plain and rate_k < 0.94 * plain
-    # where the verification is flat (a GPU's) the climb reaches K within a few steps
+    # where the verification is flat (a GPU's) the climb reaches K, a k every two steps
     flat = GoodputController(max_k=4, explore_upward=True)
     _, ks = simulate(flat, 0.95, gpu_like, lambda b: 1e-3, batch=4, steps=60)
     first = next(i for i, k in enumerate(ks) if k > 0)
-    assert ks[first] == 1 and 4 in ks[:first + 8] and ks[-20:].count(4) >= 18
-    # the reach: twice the largest size whose bucket counts, at least 1, at most K
-    assert flat.reach(4) == 4 and upward.reach(4) == 3  # 8 tokens measured: up to 16
+    assert ks[first:first + 7] == [1, 1, 2, 2, 3, 3, 4] and ks[-20:].count(4) >= 18
+    # the reach: one past the k of the largest size whose bucket counts, at least 1, at most K
+    assert flat.reach(4) == 4 and upward.reach(4) == 2  # 8 tokens measured: k = 2 next
     assert GoodputController(max_k=4, explore_upward=True).reach(8) == 1
     assert GoodputController(max_k=4).reach(8) == 4
+
+
+def passes_like(n: int) -> float:
+    """A CPU target on register tiles: the weights are read once a pass of up to 6 rows, so 12
+    tokens cost what 8 do (4 x 3 rows: 2 passes), 16 a pass more (3 x 6)."""
+    return {4: 0.100, 8: 0.130, 12: 0.130, 16: 0.190, 20: 0.220}[n]
+
+
+def test_a_cpu_target_measures_every_k_on_its_climb():
+    """Where the verification's cost steps (passes_like), an unmeasured k read between two
+    measured ones is mispriced: climbing by octaves (1, then 3 priced from 4 and 8 tokens, then
+    4) priced k = 2 half way between 8 and 16 tokens and settled on k = 4 (69.5 tokens/s of
+    the model against k = 2's 76). Climbing one k at a time measures k = 2 and keeps it."""
+    ctrl = GoodputController(max_k=4, explore_upward=True)
+    rate, ks = simulate(ctrl, 0.95, passes_like, lambda b: 10e-3, batch=4, steps=60)
+    first = next(i for i, k in enumerate(ks) if k > 0)
+    assert ks[first:first + 6] == [1, 1, 2, 2, 3, 3]
+    assert ks[-30:].count(2) >= 28
+    best = simulate(GoodputController(max_k=4), 0.95, passes_like, lambda b: 10e-3, batch=4,
+                    steps=60, fixed_k=2)[0]
+    assert rate > 0.95 * best  # (by octaves: 69.9 against 76.3, 0.92x)
+
+
+def test_resuming_after_plain_steps_prices_the_catch_up_over_the_tokens_left():
+    """A drafter that was not fed during plain steps (in the engine's process) catches up on
+    every token since at the next speculative step: that cost, spread over the steps the
+    requests have left, is weighed before resuming. Near the end it keeps plain decoding; with
+    many tokens left, or the tokens left unknown, or nothing to catch up on, k = 2 as before."""
+    def controller() -> GoodputController:
+        ctrl = GoodputController(max_k=2)
+        record_twice(ctrl.t_verify, 4, 0.14)
+        record_twice(ctrl.t_verify, 8, 0.20)
+        record_twice(ctrl.t_verify, 12, 0.25)
+        record_twice(ctrl.t_draft, 4, 0.03)
+        record_twice(ctrl.t_first, 4, 0.04)
+        ctrl.probe_cost_per_token = 0.015  # a catch-up's seconds per token beyond the model's
+        for r in ids:
+            for _ in range(20):
+                ctrl.record_verdict(r, 2, 2)
+        return ctrl
+
+    ids = [f"r{i}" for i in range(4)]
+    # 37 plain steps behind: 148 tokens, ~2.1 s of catch-up beyond the usual 8
+    assert controller().decide(ids, seeded=False, catch_up_tokens=148, tokens_left=16).k == 0
+    assert controller().decide(ids, seeded=False, catch_up_tokens=148, tokens_left=400).k == 2
+    assert controller().decide(ids, seeded=False, catch_up_tokens=148).k == 2
+    assert controller().decide(ids, seeded=False, catch_up_tokens=8, tokens_left=2).k == 2
+    ctrl = controller()
+    seconds = ctrl.step_seconds_by_k(4)
+    tokens = ctrl.run_odds(ids).tokens
+    # k = 2 at 16 tokens left: 140 tokens' catch-up over the 16 / (tokens[2] / 4) steps left
+    share = 0.015 * 140 * tokens[2] / 4 / 16
+    ctrl.decide(ids, seeded=False, catch_up_tokens=148, tokens_left=16)
+    assert ctrl.best_spec_ratio == pytest.approx(
+        max(tokens[1] / (seconds[1] + 0.015 * 140 * tokens[1] / 4 / 16),
+            tokens[2] / (seconds[2] + share)) / (tokens[0] / seconds[0]))
 
 
 def test_a_speculative_step_that_caught_up_prices_the_first_probe():

@@ -54,10 +54,13 @@ read from the sizes measured (flat beyond the largest), which on a GPU, memory-b
 dozens of tokens, is close; a CPU target's verification is bound by its multiply-adds from a few
 rows, each token costing about the same (2-core AVX2 EPYC, Qwen2.5-Coder-1.5B at batch 4: 155
 ms a plain step, 850 ms a verification of 4 x 5 tokens), so a first choice of the configured K
-priced 5x too cheap paid its 5x twice before its bucket counted. There k is chosen only where
-the step's tokens are at most twice the largest verification size measured (its bucket
-counting), so each new size costs at most about twice a measured one and the curve's slope,
-once two sizes count, prices the rest.
+priced 5x too cheap paid its 5x twice before its bucket counted. There k climbs one at a time:
+a step's k is at most one past the largest verification size measured (its bucket counting), so
+every k on the way is measured, not read between two others. (Climbing by octaves of the sizes,
+twice the largest at most, never measured k = 2 at batch 4 (1 -> 3 -> 4): read between 8 and 16
+tokens, a verification of 12 was priced half way, where the CPU's register tiles, a pass per 6
+rows, cost it about what 8 rows cost; on a 2-core AVX-512 Xeon `make demo` took k = 3-4 at 30
+tok/s, where k = 2 gave 31.8.)
 
 What the model leaves out (a prefill beside the verification, the engine's work per emitted
 token, the extra prefill steps of staggered finishes) the realized-goodput guard weighs
@@ -109,7 +112,11 @@ class CostCurve:
     drafter's first proposal, a graph capture); until then its sizes read from the other
     buckets, or as unmeasured. With two to four the lowest counts; from five on the second
     lowest: stalls and warm-ups move nothing, a lasting fall comes through at once and a
-    lasting rise after three quarters of the window."""
+    lasting rise after three quarters of the window. A bucket's first measurement may only
+    lower its own sizes' reading: a cost it shows lower than the curve's is chosen again and
+    so measured a second time. (On a 2-core AVX-512 Xeon, a CPU target at batch 4, k = 2's
+    first verification of 12 tokens, read instead from the 4- and 8-token buckets, was priced
+    below plain decoding and not taken again.)"""
 
     def __init__(self, window: int = COST_WINDOW) -> None:
         self.window = window
@@ -119,6 +126,7 @@ class CostCurve:
         self._ys: list[float] = []
         self._ys_max: list[float] = []  # the most of _ys up to each
         self._estimates: dict[float, Optional[float]] = {}  # size -> estimate, until a record
+        self._firsts: dict[int, float] = {}  # bucket -> its one measurement (not counting yet)
 
     @staticmethod
     def _bucket(size: float) -> int:
@@ -131,7 +139,10 @@ class CostCurve:
             bucket = self.samples[key] = deque(maxlen=self.window)
         bucket.append((float(size), seconds))
         if len(bucket) < 2:
-            return  # provisional: changes no estimate
+            self._firsts[key] = seconds  # provisional: may lower its own sizes' estimates
+            self._estimates.clear()
+            return
+        self._firsts.pop(key, None)
         times = sorted(t for _, t in bucket)
         point = (sum(x for x, _ in bucket) / len(bucket), times[(len(times) - 1) // 4])
         if self._bucket_points.get(key) == point:
@@ -157,7 +168,11 @@ class CostCurve:
         try:
             return self._estimates[size]
         except KeyError:
-            estimate = self._estimates[size] = self._interpolate(size)
+            estimate = self._interpolate(size)
+            first = self._firsts.get(self._bucket(size))
+            if estimate is not None and first is not None:
+                estimate = min(estimate, first)
+            self._estimates[size] = estimate
             return estimate
 
     def _interpolate(self, size: float) -> Optional[float]:
@@ -234,8 +249,8 @@ class GoodputController:
         # the draft runs on another device than the target: drafting ahead overlaps the
         # verification (else the engine does not draft ahead, or it is forced on)
         self.draft_ahead_overlaps = draft_ahead_overlaps
-        # the target's verification grows with its tokens (a CPU target): k climbs by octaves
-        # of measured verification sizes (reach)
+        # the target's verification grows with its tokens (a CPU target): k climbs one at a
+        # time past the verification sizes measured (reach)
         self.explore_upward = explore_upward
         self.t_draft = CostCurve()  # one later draft forward, by drafting requests
         self.t_first = CostCurve()  # a proposal's wait less its later forwards, by requests
@@ -257,6 +272,7 @@ class GoodputController:
         self.probe_cost_per_token: Optional[float] = None
         self._probes: deque = deque(maxlen=COST_WINDOW)  # seconds per caught-up token
         self.catch_up_tokens = 0  # of the decoding requests now (set by decide)
+        self.tokens_left: Optional[float] = None  # theirs, on average (set by decide)
         self.last = Decision(0)
         # the last choice's best goodput with drafting over plain decoding's (None: unmodelled)
         self.best_spec_ratio: Optional[float] = None
@@ -329,13 +345,13 @@ class GoodputController:
                           for k in range(1, self.max_k + 1)]
 
     def reach(self, batch: int) -> int:
-        """The largest k a step of batch requests may choose: max_k, or exploring upward, the
-        largest whose tokens, batch * (k + 1), are at most twice the largest verification size
-        measured (1 at least)."""
+        """The largest k a step of batch requests may choose: max_k, or exploring upward, one
+        past the k of the largest verification size measured, largest / batch - 1 rounded (1 at
+        least: from plain steps alone)."""
         if not self.explore_upward:
             return self.max_k
         largest = self.t_verify.largest_measured() or batch
-        return max(1, min(self.max_k, int(2 * largest) // batch - 1))
+        return max(1, min(self.max_k, int(largest / batch + 0.5)))
 
     def split_step_seconds(self, k: int, batch: int) -> Optional[float]:
         """Modelled seconds of a split step: half the batch is verified (k drafts each) while
@@ -408,12 +424,15 @@ class GoodputController:
     # decisions
 
     def decide(self, req_ids: list[str], seeded: bool, catch_up_tokens: int = 0,
-               can_hit: Optional[list[bool]] = None) -> Decision:
+               can_hit: Optional[list[bool]] = None,
+               tokens_left: Optional[float] = None) -> Decision:
         """k and drafting ahead for a step whose decoding requests are req_ids; catch_up_tokens:
         the tokens of theirs the draft has not seen (what a probe would make it catch up on);
         can_hit: per request, whether drafts are made ahead for it (greedy requests; default
-        all)."""
+        all); tokens_left: the most tokens each may still generate, on average (None:
+        unknown)."""
         self.catch_up_tokens = catch_up_tokens
+        self.tokens_left = tokens_left
         self.arm = None
         if seeded:  # depends on nothing timed: the configured k
             decision = Decision(self.max_k, draft_ahead=self.draft_ahead_overlaps)
@@ -449,6 +468,10 @@ class GoodputController:
             return Decision(0)  # measure a plain step first: it costs nothing extra
         odds = self.run_odds(req_ids, can_hit)
         tokens = odds.tokens
+        resume = self._resume_seconds(batch)
+        if resume:  # each speculative step's share of the catch-up that resuming costs
+            seconds = seconds[:1] + [t + resume * n / batch / self.tokens_left
+                                     for t, n in zip(seconds[1:], tokens[1:])]
         rates = [n / t for n, t in zip(tokens, seconds)]
         ahead = [False] * len(rates)
         ahead_seconds = (self.ahead_step_seconds(batch, seconds, odds)
@@ -467,6 +490,20 @@ class GoodputController:
             return Decision(k, ahead[k], False, rates[k] / plain)
         self._plain_steps_left = PLAIN_RECHECK_STEPS - 1
         return self._probe_or_plain(batch)
+
+    def _resume_seconds(self, batch: int) -> float:
+        """What speculating costs first after a run of plain steps where the drafter was not fed
+        (a drafter in the engine's process): its catch-up on every token since, beyond the
+        token or two a request that every proposal catches up on, at the cost per token the
+        catch-ups measured; 0 while that is unmeasured or the tokens left are unknown. _choose
+        spreads it over the steps the requests have left at each k (tokens_left over the tokens
+        a step emits). (2-core AVX-512 Xeon, `make demo`'s pair on the CPU at batch 4: after 37
+        plain steps, with ~16 tokens left, k = 2 was chosen again; its first step took 2.96 s,
+        against ~0.35 s for a k = 2 step and ~0.14 for a plain one.)"""
+        excess = self.catch_up_tokens - 2 * batch
+        if self.probe_cost_per_token is None or not self.tokens_left or excess <= 0:
+            return 0.0
+        return self.probe_cost_per_token * excess
 
     def _probe_or_plain(self, batch: int) -> Decision:
         """Plain decoding was chosen: a one-draft probe if the probes' credit pays for one."""

@@ -82,7 +82,7 @@ class SpecDecoder:
         """A goodput controller for this engine's proposer: it may choose drafting ahead where
         that is left to it (auto, the draft on another device) and batched overlap where the
         draft has its own process; on a CPU target, whose verification grows with its tokens,
-        k climbs by octaves of the verification sizes measured (explore_upward)."""
+        k climbs one at a time past the verification sizes measured (explore_upward)."""
         spec = self.spec_config
         ahead_left_to_it = self._draft_ahead() and spec.speculative_draft_ahead == "auto"
         controller = GoodputController(max_k, draft_ahead_overlaps=ahead_left_to_it,
@@ -140,11 +140,26 @@ class SpecDecoder:
             catch_up = sum(r.num_tokens - self._seen.get(r.req_id, 0) for r in decoding)
             self.decision = self.controller.decide(
                 [r.req_id for r in decoding], seeded, catch_up,
-                [r.sampling_params.is_plain_greedy for r in decoding])
+                [r.sampling_params.is_plain_greedy for r in decoding],
+                self._tokens_left(decoding))
             if self.spec_config.speculative_draft_ahead == "on" and not self.decision.probe:
                 self.decision.draft_ahead = self.draft_ahead
         self.resting = self._plan_split(running, decoding)
         return self.decision.k
+
+    def _tokens_left(self, decoding: list[Request]) -> Optional[float]:
+        """The most tokens the decoding requests may still generate, on average: each one's
+        max_tokens, or the model's length, less its output so far."""
+        if not decoding:
+            return None
+        limit = self.config.model_config.max_model_len
+        left = 0
+        for r in decoding:
+            most = limit - r.num_prompt_tokens
+            if r.sampling_params.max_tokens is not None:
+                most = min(most, r.sampling_params.max_tokens)
+            left += max(most - len(r.output_token_ids), 1)
+        return left / len(decoding)
 
     def _plan_split(self, running: list[Request],
                     decoding: Optional[list[Request]]) -> list[Request]:
