@@ -121,6 +121,12 @@ def turns_of(batch_sizes: list[int], settings: list) -> list[tuple[int, tuple]]:
     return [(bs, setting) for bs in batch_sizes for setting in settings]
 
 
+def turn_of(i: int, turns: int) -> int:
+    """The turn forward i runs: cycles of the turns in order, every other one reversed."""
+    cycle, pos = divmod(i, turns)
+    return pos if cycle % 2 == 0 else turns - 1 - pos
+
+
 def time_forwards(draft: DraftModelProposer, args, batch_sizes,
                   settings: tuple = (("", {}),), stage_ms: tuple = (None,),
                   outside: tuple = (None,)) -> list[list[float]]:
@@ -129,10 +135,14 @@ def time_forwards(draft: DraftModelProposer, args, batch_sizes,
     turn: a batch size (batch_sizes, an int or a sequence: each its own sequences) and a setting
     ((label, {VAR: value}), parse_settings: environment variables the kernels read at each
     call), the turns batch-major (turn j = batch_sizes[j // len(settings)] under settings[j %
-    len(settings)]). Forward i runs turn i % turns, its decode_layers stages into stage_ms[i %
-    turns] and the ms of its input building and its LM head (linear_argmax: the greedy tokens)
-    into outside[i % turns] (a dict {"inputs": ms, "lm_head": ms}, or None), so that the batch
-    sizes and the settings take turns forward by forward and share the host's drift."""
+    len(settings)]). The turns run in cycles, every other cycle in reverse order (turn_of), each
+    forward's decode_layers stages into its turn's stage_ms and the ms of its input building
+    and its LM head (linear_argmax: the greedy tokens) into its turn's outside (a dict
+    {"inputs": ms, "lm_head": ms}, or None), so that the batch sizes and the settings take
+    turns forward by forward and share the host's drift, and no turn always follows the same
+    one. (In one order, on the H100 machine's 16-core host, three rounds: a setting that
+    changes nothing at batch 1 (VLLM_CPU_NORM_TAIL=0) read 0.74-0.97x the time of the turn
+    before it, which followed batch 8's.)"""
     if isinstance(batch_sizes, int):
         batch_sizes = [batch_sizes]
     turns = turns_of(batch_sizes, settings)
@@ -173,7 +183,7 @@ def time_forwards(draft: DraftModelProposer, args, batch_sizes,
     ops.linear_argmax = timed("lm_head", linear_argmax)
     with torch.inference_mode():
         for i in range(args.num_forwards * len(turns)):
-            which = i % len(turns)
+            which = turn_of(i, len(turns))
             bs, (_, setting) = turns[which]
             # the environment as found, then this setting's variables: a variable that another
             # setting names and this one does not is put back, not left at the other's value

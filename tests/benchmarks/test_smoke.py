@@ -170,8 +170,8 @@ def test_benchmark_draft_settings_in_turns(tmp_path, tiny_llama, capsys):
 
 
 def test_time_forwards_alternates_settings(monkeypatch):
-    """time_forwards runs the batch sizes and the settings in turns (batch-major: forward i is
-    turn i % turns), each batch its own sequences, each forward's stages on its turn's clock, a
+    """time_forwards runs the batch sizes and the settings in turns (batch-major, every other
+    cycle of the turns reversed), each batch its own sequences, each forward's stages on its turn's clock, a
     variable named by one setting alone unset again for the others', and leaves the environment
     and the draft's sequences as it found them."""
     import types
@@ -221,9 +221,10 @@ def test_time_forwards_alternates_settings(monkeypatch):
     times = bd.time_forwards(draft, args, [1, 2], bd.parse_settings(args.settings), clocks,
                              outside)
     one, two = ("b1-0",), ("b2-0", "b2-1")
+    cycle = [("a", "y", one, 0), ("b", None, one, 1), ("a", "y", two, 2), ("b", None, two, 3)]
     assert [(x, y, ids, next(i for i, c in enumerate(clocks) if c is clock))
-            for x, y, ids, clock in seen] == [("a", "y", one, 0), ("b", None, one, 1),
-                                              ("a", "y", two, 2), ("b", None, two, 3)] * 3
+            for x, y, ids, clock in seen] == cycle + cycle[::-1] + cycle
+    assert [bd.turn_of(i, 3) for i in range(9)] == [0, 1, 2, 2, 1, 0, 0, 1, 2]
     assert all(not c.any() for c in clocks)  # zeroed after the warm-up forwards
     assert draft.seqs == {}
     # the LM head's time lands in its setting's dict, the warm-up forward's left out (2 x 5 ms
