@@ -127,6 +127,22 @@ def turn_of(i: int, turns: int) -> int:
     return pos if cycle % 2 == 0 else turns - 1 - pos
 
 
+def schedule_of(turns: int, warmup: int, num_forwards: int, block: int) -> list[tuple[int, bool]]:
+    """time_forwards' forwards, (turn, timed) each: warmup untimed forwards a turn, turn by
+    turn, then num_forwards - warmup timed ones a turn, in blocks of block forwards of one turn,
+    each block after one untimed forward of its turn, the blocks in turn_of's order (the
+    cycles counted on from the warm-up's). block 0: the timed forwards one by one, turn by
+    turn, no untimed ones between."""
+    out = [(turn_of(i, turns), False) for i in range(warmup * turns)]
+    timed = max(num_forwards - warmup, 0)
+    if block <= 0:
+        return out + [(turn_of(warmup * turns + i, turns), True) for i in range(timed * turns)]
+    for b in range(-(-timed // block) * turns):
+        which = turn_of(warmup * turns + b, turns)
+        out += [(which, False)] + [(which, True)] * min(block, timed - (b // turns) * block)
+    return out
+
+
 def time_forwards(draft: DraftModelProposer, args, batch_sizes,
                   settings: tuple = (("", {}),), stage_ms: tuple = (None,),
                   outside: tuple = (None,)) -> list[list[float]]:
@@ -135,17 +151,20 @@ def time_forwards(draft: DraftModelProposer, args, batch_sizes,
     turn: a batch size (batch_sizes, an int or a sequence: each its own sequences) and a setting
     ((label, {VAR: value}), parse_settings: environment variables the kernels read at each
     call), the turns batch-major (turn j = batch_sizes[j // len(settings)] under settings[j %
-    len(settings)]). The turns run in cycles, every other cycle in reverse order (turn_of), each
-    forward's decode_layers stages into its turn's stage_ms and the ms of its input building
-    and its LM head (linear_argmax: the greedy tokens) into its turn's outside (a dict
-    {"inputs": ms, "lm_head": ms}, or None), so that the batch sizes and the settings take
-    turns forward by forward and share the host's drift, and no turn always follows the same
-    one. (In one order, on the H100 machine's 16-core host, three rounds: a setting that
-    changes nothing at batch 1 (VLLM_CPU_NORM_TAIL=0) read 0.74-0.97x the time of the turn
-    before it, which followed batch 8's.)"""
+    len(settings)]), in blocks of args.turn_block timed forwards, each block after one untimed
+    forward of its turn (schedule_of), the blocks in cycles of the turns, every other cycle in
+    reverse order (turn_of). Each timed forward's decode_layers stages go into its turn's
+    stage_ms and the ms of its input building and its LM head (linear_argmax: the greedy
+    tokens) into its turn's outside (a dict {"inputs": ms, "lm_head": ms}, or None). So the
+    batch sizes and the settings share the host's drift, and each timed forward follows one of
+    its own turn, as a draft's steps follow each other. (Forward by forward, on the H100
+    machine's 16-core host: a setting that changes nothing at batch 1 (VLLM_CPU_NORM_TAIL=0)
+    read 0.74-0.97x the time of the turn before it, which followed batch 8's, in three rounds
+    in one order (run 67); with every other cycle reversed, 1.02-1.20x (run 68).)"""
     if isinstance(batch_sizes, int):
         batch_sizes = [batch_sizes]
     turns = turns_of(batch_sizes, settings)
+    schedule = schedule_of(len(turns), args.warmup, args.num_forwards, args.turn_block)
     vocab = draft.config.hf_config.vocab_size
     batches = {}
     for bs in batch_sizes:
@@ -158,8 +177,7 @@ def time_forwards(draft: DraftModelProposer, args, batch_sizes,
         draft.propose(reqs, [1] * len(reqs)).result()  # the context's forward (a prefill)
         for req in reqs:
             if not draft.block_manager.grow(draft.seqs[req.req_id].block_ids,
-                                            args.context + args.num_forwards * args.steps
-                                            * len(settings) + 2):
+                                            args.context + len(schedule) * args.steps + 2):
                 raise ValueError("the draft's KV cache is too small: raise "
                                  "VLLM_CPU_KVCACHE_SPACE")
         batches[bs] = reqs
@@ -181,25 +199,25 @@ def time_forwards(draft: DraftModelProposer, args, batch_sizes,
     draft.runner.prepare_inputs = timed("inputs", draft.runner.prepare_inputs)
     linear_argmax = ops.linear_argmax
     ops.linear_argmax = timed("lm_head", linear_argmax)
+    for stages in stage_ms:
+        if stages is not None:
+            stages.zero_()
     with torch.inference_mode():
-        for i in range(args.num_forwards * len(turns)):
-            which = turn_of(i, len(turns))
+        for which, timed_forward in schedule:
             bs, (_, setting) = turns[which]
             # the environment as found, then this setting's variables: a variable that another
             # setting names and this one does not is put back, not left at the other's value
             restore_environ(saved)
             os.environ.update(setting)
-            cpu_decode.stage_ms = stage_ms[which] if which < len(stage_ms) else None
+            counted = timed_forward and which < len(stage_ms)
+            cpu_decode.stage_ms = stage_ms[which] if counted else None
             clock["which"] = which
-            if i == args.warmup * len(turns):
-                clock["on"] = True  # the clocks count the timed forwards alone
-                for stages in stage_ms:
-                    if stages is not None:
-                        stages.zero_()
+            clock["on"] = timed_forward  # the clocks count the timed forwards alone
             reqs = batches[bs]
             start = time.perf_counter()
             draft._draft(reqs, [args.steps] * len(reqs))
-            times[which].append((time.perf_counter() - start) * 1e3 / args.steps)
+            if timed_forward:
+                times[which].append((time.perf_counter() - start) * 1e3 / args.steps)
             if args.hold_context:
                 hold_context(draft, reqs, args.context)
     cpu_decode.stage_ms = None
@@ -302,7 +320,6 @@ def main(args) -> dict:
                     gemms = {bs: gemm_ms(model, bs, path) for bs in args.batch_sizes}
                     for (bs, (setting, _)), clock, out, times in zip(turns, clocks, outside,
                                                                      per_turn):
-                        times = times[args.warmup:]
                         label = path if len(settings) == 1 else f"{path} {setting}"
                         count = max(1, len(times)) * args.steps
                         rows.append(forward_row(
@@ -382,6 +399,9 @@ def make_parser() -> argparse.ArgumentParser:
                              "it), instead of the context growing by the forwards before it")
     parser.add_argument("--num-forwards", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--turn-block", type=int, default=8,
+                        help="timed forwards of a turn in a row, after one untimed forward of "
+                             "it (0: forward by forward, none untimed)")
     parser.add_argument("--steps", type=int, default=1,
                         help="forwards per draft call (a draft step of k = steps: from the "
                              "second on, a plain-greedy draft's forwards run in one native "

@@ -171,7 +171,8 @@ def test_benchmark_draft_settings_in_turns(tmp_path, tiny_llama, capsys):
 
 def test_time_forwards_alternates_settings(monkeypatch):
     """time_forwards runs the batch sizes and the settings in turns (batch-major, every other
-    cycle of the turns reversed), each batch its own sequences, each forward's stages on its turn's clock, a
+    cycle of the turns reversed; turn_block 0: forward by forward), each batch its own
+    sequences, each forward's stages on its turn's clock, a
     variable named by one setting alone unset again for the others', and leaves the environment
     and the draft's sequences as it found them."""
     import types
@@ -214,7 +215,7 @@ def test_time_forwards_alternates_settings(monkeypatch):
     # Y_SETTING named by the first setting only: unset again for the second's forwards
     args = types.SimpleNamespace(context=4, num_forwards=3, warmup=1, steps=2,
                                  settings="X_SETTING=a,Y_SETTING=y;X_SETTING=b",
-                                 hold_context=False)
+                                 hold_context=False, turn_block=0)
     clocks = tuple(torch.ones(2) for _ in range(4))
     outside = ({}, {}, {}, {})
     draft = Draft()
@@ -222,8 +223,9 @@ def test_time_forwards_alternates_settings(monkeypatch):
                              outside)
     one, two = ("b1-0",), ("b2-0", "b2-1")
     cycle = [("a", "y", one, 0), ("b", None, one, 1), ("a", "y", two, 2), ("b", None, two, 3)]
-    assert [(x, y, ids, next(i for i, c in enumerate(clocks) if c is clock))
-            for x, y, ids, clock in seen] == cycle + cycle[::-1] + cycle
+    warm = [(x, y, ids, None) for x, y, ids, _ in cycle]  # the warm-up's on no clock
+    assert [(x, y, ids, next((i for i, c in enumerate(clocks) if c is clock), None))
+            for x, y, ids, clock in seen] == warm + cycle[::-1] + cycle
     assert [bd.turn_of(i, 3) for i in range(9)] == [0, 1, 2, 2, 1, 0, 0, 1, 2]
     assert all(not c.any() for c in clocks)  # zeroed after the warm-up forwards
     assert draft.seqs == {}
@@ -233,7 +235,7 @@ def test_time_forwards_alternates_settings(monkeypatch):
     for a, b in (outside[0], outside[1]), (outside[2], outside[3]):
         assert a["lm_head"] < 5 <= 10 <= b["lm_head"] < 15
     assert bd.ops.linear_argmax is lm_head and "prepare_inputs" not in vars(draft.runner)
-    assert [len(t) for t in times] == [3, 3, 3, 3]
+    assert [len(t) for t in times] == [2, 2, 2, 2]  # the warm-up's left out
     # a forward's time: the call's over steps
     assert all(2.5 <= t < 5 for t in times[1] + times[3])
     assert os.environ["X_SETTING"] == "before" and "Y_SETTING" not in os.environ
@@ -275,11 +277,32 @@ def test_hold_context_times_every_call_at_the_context(hold):
             self.seqs.pop(req_id)
 
     args = types.SimpleNamespace(context=5, num_forwards=3, warmup=1, steps=2,
-                                 settings="default", hold_context=hold)
+                                 settings="default", hold_context=hold, turn_block=0)
     bd.time_forwards(Draft(), args, 2)
     grown = [(6 + 2 * i, 5 + 2 * i) for i in range(3) for _ in range(2)]
     assert starts == ([(6, 5)] * 6 if hold else grown)
     assert bd.mean_context(args) == (6 if hold else 5 + 2 * 4 // 2)
+
+
+def test_forwards_in_blocks_each_after_an_untimed_one_of_its_turn():
+    """With turn_block b each turn's timed forwards come b in a row after an untimed one of the
+    same turn (a draft's steps follow each other; forward by forward, a batch-1 forward after
+    a batch-8 one read up to 1.35x slower), the blocks in turns, every other cycle reversed,
+    the warm-up forward by forward; every turn gets its num_forwards - warmup timed ones."""
+    from benchmarks import benchmark_draft as bd
+    sched = bd.schedule_of(turns=2, warmup=1, num_forwards=6, block=2)
+    warm = [(0, False), (1, False)]
+    block = lambda t, n: [(t, False)] + [(t, True)] * n  # noqa: E731
+    # blocks: cycle 1 (after the warm-up's cycle 0) reversed, then in order, then reversed
+    assert sched == warm + block(1, 2) + block(0, 2) + block(0, 2) + block(1, 2) \
+        + block(1, 1) + block(0, 1)
+    for block_size in (1, 3, 4, 8):
+        sched = bd.schedule_of(turns=3, warmup=2, num_forwards=9, block=block_size)
+        assert [sum(1 for w, t in sched if w == turn and t) for turn in range(3)] == [7] * 3
+        # every timed forward follows one of its own turn
+        assert all(prev[0] == cur[0] for prev, cur in zip(sched, sched[1:]) if cur[1])
+    assert bd.schedule_of(turns=2, warmup=0, num_forwards=2, block=0) == [
+        (0, True), (1, True), (1, True), (0, True)]
 
 
 def test_profile_prefill(tmp_path, tiny_llama):
