@@ -177,7 +177,8 @@ def time_forwards(draft: DraftModelProposer, args, batch_sizes,
         draft.propose(reqs, [1] * len(reqs)).result()  # the context's forward (a prefill)
         for req in reqs:
             if not draft.block_manager.grow(draft.seqs[req.req_id].block_ids,
-                                            args.context + len(schedule) * args.steps + 2):
+                                            args.context + args.steps * sum(
+                                                1 for w, _ in schedule if turns[w][0] == bs) + 2):
                 raise ValueError("the draft's KV cache is too small: raise "
                                  "VLLM_CPU_KVCACHE_SPACE")
         batches[bs] = reqs
