@@ -14,9 +14,9 @@ inside greedy_steps (VLLM_CPU_GREEDY_STEP) builds its inputs and runs its LM hea
 counted in what is left), the thread
 count the draft picks at start-up, and the top ops from torch's profiler on request. A summary
 table comes last. --settings times settings of the kernels' environment variables in turns,
-forward by forward, so that an A/B shares the host's drift (a row per setting); the batch sizes
-take turns the same way (each its own sequences), so that batch b's time over batch 1's does
-too.
+so that an A/B shares the host's drift (a row per setting); the batch sizes take turns the same
+way (each its own sequences), so that batch b's time over batch 1's does too. A turn is a block
+of --turn-block timed forwards after an untimed one of the same turn (time_forwards).
 
     python benchmarks/benchmark_draft.py --model DRAFT[,DRAFT2] [--load-format dummy] \
         [--dtypes float32,bfloat16] [--threads 1,4,16] [--batch-sizes 1,8] \
