@@ -55,8 +55,8 @@ dozens of tokens, is close; a CPU target's verification is bound by its multiply
 rows, each token costing about the same (2-core AVX2 EPYC, Qwen2.5-Coder-1.5B at batch 4: 155
 ms a plain step, 850 ms a verification of 4 x 5 tokens), so a first choice of the configured K
 priced 5x too cheap paid its 5x twice before its bucket counted. There k climbs one at a time:
-a step's k is at most one past the largest verification size measured (its bucket counting), so
-every k on the way is measured, not read between two others. (Climbing by octaves of the sizes,
+a step's k is at most one past the k of the largest verification size measured (its bucket
+counting), so every k on the way is measured, not read between two others. (Climbing by octaves of the sizes,
 twice the largest at most, never measured k = 2 at batch 4 (1 -> 3 -> 4): read between 8 and 16
 tokens, a verification of 12 was priced half way, where the CPU's register tiles, a pass per 6
 rows, cost it about what 8 rows cost; on a 2-core AVX-512 Xeon `make demo` took k = 3-4 at 30
@@ -346,8 +346,8 @@ class GoodputController:
 
     def reach(self, batch: int) -> int:
         """The largest k a step of batch requests may choose: max_k, or exploring upward, one
-        past the k of the largest verification size measured, largest / batch - 1 rounded (1 at
-        least: from plain steps alone)."""
+        past the k of the largest verification size measured (whose tokens are batch * (k + 1)):
+        largest / batch, rounded (1 at least, from plain steps alone; at most max_k)."""
         if not self.explore_upward:
             return self.max_k
         largest = self.t_verify.largest_measured() or batch
