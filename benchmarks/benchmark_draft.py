@@ -98,12 +98,23 @@ def restore_environ(saved: dict) -> None:
 
 
 def mean_context(args) -> int:
-    """The timed forwards' mean context: args.context, and the tokens the forwards before them
-    drafted (every setting's, args.steps a call) until the middle of the timed ones."""
+    """The timed forwards' mean context: args.context, and the tokens the calls before each
+    timed one drafted into its batch's sequences (every setting's, the untimed ones', args.steps
+    a call; schedule_of), averaged over the timed calls."""
     if args.hold_context:
         return args.context + args.steps // 2  # each call's forwards read context + 0..steps-1
     settings = len(parse_settings(args.settings))
-    return args.context + args.steps * settings * (args.warmup + args.num_forwards) // 2
+    sizes = len(getattr(args, "batch_sizes", None) or [1])
+    schedule = schedule_of(sizes * settings, args.warmup, args.num_forwards,
+                           getattr(args, "turn_block", 0))
+    done = [0] * sizes  # calls each batch's sequences have had
+    reads = []
+    for which, timed in schedule:
+        batch = which // settings
+        if timed:
+            reads.append(done[batch])
+        done[batch] += 1
+    return args.context + args.steps * sum(reads) // max(len(reads), 1)
 
 
 def hold_context(draft: DraftModelProposer, reqs: list, context: int) -> None:
