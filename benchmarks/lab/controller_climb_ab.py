@@ -51,8 +51,8 @@ def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     max_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 64
     ks = [int(k) for k in (sys.argv[3] if len(sys.argv) > 3 else "1,2,3,4").split(",")]
-    modes = os.environ.get("MODES", ",".join(["plain"] + [f"k{k}" for k in ks]
-                                             + ["now"] + ["before"] * ("BEFORE" in os.environ))).split(",")
+    default = ["plain"] + [f"k{k}" for k in ks] + ["now"] + ["before"] * ("BEFORE" in os.environ)
+    modes = os.environ.get("MODES", ",".join(default)).split(",")
     llm = LLM(str(fetch_model("qwen2.5-coder-1.5b-instruct")),
               speculative_model=str(fetch_model("qwen2.5-coder-0.5b-instruct")),
               cpu_draft_worker=True, num_speculative_tokens=max(ks),

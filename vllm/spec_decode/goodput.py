@@ -56,11 +56,11 @@ rows, each token costing about the same (2-core AVX2 EPYC, Qwen2.5-Coder-1.5B at
 ms a plain step, 850 ms a verification of 4 x 5 tokens), so a first choice of the configured K
 priced 5x too cheap paid its 5x twice before its bucket counted. There k climbs one at a time:
 a step's k is at most one past the k of the largest verification size measured (its bucket
-counting), so every k on the way is measured, not read between two others. (Climbing by octaves of the sizes,
-twice the largest at most, never measured k = 2 at batch 4 (1 -> 3 -> 4): read between 8 and 16
-tokens, a verification of 12 was priced half way, where the CPU's register tiles, a pass per 6
-rows, cost it about what 8 rows cost; on a 2-core AVX-512 Xeon `make demo` took k = 3-4 at 30
-tok/s, where k = 2 gave 31.8.)
+counting), so every k on the way is measured, not read between two others. (Climbing by
+octaves of the sizes, twice the largest at most, never measured k = 2 at batch 4 (1 -> 3 -> 4):
+read between 8 and 16 tokens, a verification of 12 was priced half way, where the CPU's
+register tiles, a pass per 6 rows, cost it about what 8 rows cost; on a 2-core AVX-512 Xeon
+`make demo` took k = 3-4 at 30 tok/s, where k = 2 gave 31.8.)
 
 What the model leaves out (a prefill beside the verification, the engine's work per emitted
 token, the extra prefill steps of staggered finishes) the realized-goodput guard weighs
