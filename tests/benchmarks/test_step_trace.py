@@ -52,6 +52,9 @@ def test_the_timeline_orders_every_hand_over(tiny_llama, tmp_path):
         run_child(tiny_llama, trace, VLLM_CPU_ATTENTION_TAIL=tail)
         calls, rate = read_calls(str(trace))
         assert len(calls) == 2 and rate > 0  # the two drafts (the prefill runs without a team)
+        # two cores' counters may disagree by a few ticks (a 2-core VM: 5 ticks, one loop of
+        # one run): orders across threads hold within 0.1 us
+        skew = rate * 100
         for records in calls:
             master = {(e, a): tsc for t, e, a, tsc in records if t == 0}
             worker = {(e, a): tsc for t, e, a, tsc in records if t == 1}
@@ -60,14 +63,15 @@ def test_the_timeline_orders_every_hand_over(tiny_llama, tmp_path):
             for loop in loops:
                 issue, own, done_all = (master[(e, loop)] for e in (ISSUE, OWN_DONE, ALL_DONE))
                 seen, done = worker[(SEEN, loop)], worker[(DONE, loop)]
-                assert issue <= seen <= done <= done_all and issue <= own <= done_all, loop
+                assert issue <= seen + skew and seen <= done <= done_all + skew, loop
+                assert issue <= own <= done_all, loop
             tails = tail_starts(records)
             # 2 layers x 2 forwards, each qkv loop's tail started by both threads
             assert len(tails) == (4 if tail == "1" else 0), tails
             for loop, starts in tails.items():
                 assert set(starts) == {0, 1}, (loop, starts)
-                assert min(starts.values()) >= worker[(SEEN, loop)], loop
-                assert max(starts.values()) <= master[(ALL_DONE, loop)], loop
+                assert min(starts.values()) + skew >= worker[(SEEN, loop)], loop
+                assert max(starts.values()) <= master[(ALL_DONE, loop)] + skew, loop
         summary = per_forward([loop_costs(r, rate) for r in calls], 2)
         for stage in ("qkv", "o", "gate_up", "down"):
             assert summary[stage]["loops"] == 2, (stage, summary[stage])
