@@ -186,10 +186,10 @@ def time_forwards(draft: DraftModelProposer, args, batch_sizes,
             reqs.append(Request(f"b{bs}-{i}", None, ids.tolist(),
                                 SamplingParams(temperature=0.0), None))
         draft.propose(reqs, [1] * len(reqs)).result()  # the context's forward (a prefill)
+        calls = sum(1 for which, _ in schedule if turns[which][0] == bs)  # this batch's
         for req in reqs:
             if not draft.block_manager.grow(draft.seqs[req.req_id].block_ids,
-                                            args.context + args.steps * sum(
-                                                1 for w, _ in schedule if turns[w][0] == bs) + 2):
+                                            args.context + args.steps * calls + 2):
                 raise ValueError("the draft's KV cache is too small: raise "
                                  "VLLM_CPU_KVCACHE_SPACE")
         batches[bs] = reqs

@@ -14,20 +14,15 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "examples")]
 from vllm import huge_pages  # noqa: E402
 
 huge_pages.request()
+from cpu_draft_spec_decode import PROMPTS  # noqa: E402  (make demo's)
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.model_executor.model_loader.fetch import fetch_model  # noqa: E402
-from vllm.spec_decode.goodput import TRACE_FIELDS, GoodputController  # noqa: E402
-
-PROMPTS = [
-    "def quicksort(arr):",
-    "# Return the n-th Fibonacci number\ndef fib(n):",
-    "class Stack:\n    def __init__(self):",
-    "def is_prime(n: int) -> bool:",
-]
+from vllm.spec_decode.goodput import TRACE_FIELDS  # noqa: E402
 
 
 def before_controller(path: str, max_k: int):

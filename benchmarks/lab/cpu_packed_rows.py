@@ -5,8 +5,8 @@ median ms per pass over the layers, each row count and path in turns, against th
 weight bytes over the copy rate measured here. A row count below linear.cpp's kPackedMinRows
 runs the row-major kernels on either path.
     MODEL=smollm2|qwen0.5b|qwen1.5b (default smollm2), L= layers (30; 240 streams SmolLM2's
-    weights from memory on a CPU with a large L3), ROWS=1,8, PATHS=row-major,packed, PER_MATRIX=1 (a line per
-    matrix, else one per path and row count for all four), T= threads (2), REPO= another tree's
+    weights from memory on a CPU with a large L3), ROWS=1,8, PATHS=row-major,packed,
+    PER_MATRIX=1 (a line per matrix, else one per path and row count for all four), T= threads (2), REPO= another tree's
     vllm (A/B of two builds), SETTING=VAR (each path also run with VAR=0 and VAR=1, in turns
     in one process: the kernels read their switches at every call; runs of separate processes
     differed by up to 1.3x on one 2-core machine)

@@ -269,7 +269,8 @@ def test_drafter_catches_up_during_plain_steps(reference, spec_target):
     lefts = []
 
     def scripted(req_ids, seeded, catch_up_tokens=0, can_hit=None, tokens_left=None):
-        lefts.append(tokens_left)  # each decoding request's max_tokens less its output
+        # each decoding request's max_tokens less its output (asked for here, every step)
+        lefts.append(tokens_left() if tokens_left is not None else None)
         k = pattern[calls["n"] % len(pattern)]
         calls["n"] += 1
         return Decision(k, probe=k == 1)

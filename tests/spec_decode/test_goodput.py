@@ -293,16 +293,26 @@ def test_resuming_after_plain_steps_prices_the_catch_up_over_the_tokens_left():
 
     ids = [f"r{i}" for i in range(4)]
     # 37 plain steps behind: 148 tokens, ~2.1 s of catch-up beyond the usual 8
-    assert controller().decide(ids, seeded=False, catch_up_tokens=148, tokens_left=16).k == 0
-    assert controller().decide(ids, seeded=False, catch_up_tokens=148, tokens_left=400).k == 2
+    def left(n):  # the engine's tokens_left: asked only where there is a catch-up to price
+        def ask():
+            asked.append(n)
+            return n
+        return ask
+
+    asked = []
+    assert controller().decide(ids, seeded=False, catch_up_tokens=148,
+                               tokens_left=left(16)).k == 0
+    assert controller().decide(ids, seeded=False, catch_up_tokens=148,
+                               tokens_left=left(400)).k == 2
     assert controller().decide(ids, seeded=False, catch_up_tokens=148).k == 2
-    assert controller().decide(ids, seeded=False, catch_up_tokens=8, tokens_left=2).k == 2
+    assert controller().decide(ids, seeded=False, catch_up_tokens=8, tokens_left=left(2)).k == 2
+    assert asked == [16, 400]  # not where nothing beyond the usual is to be caught up on
     ctrl = controller()
     seconds = ctrl.step_seconds_by_k(4)
     tokens = ctrl.run_odds(ids).tokens
     # k = 2 at 16 tokens left: 140 tokens' catch-up over the 16 / (tokens[2] / 4) steps left
     share = 0.015 * 140 * tokens[2] / 4 / 16
-    ctrl.decide(ids, seeded=False, catch_up_tokens=148, tokens_left=16)
+    ctrl.decide(ids, seeded=False, catch_up_tokens=148, tokens_left=left(16))
     assert ctrl.best_spec_ratio == pytest.approx(
         max(tokens[1] / (seconds[1] + 0.015 * 140 * tokens[1] / 4 / 16),
             tokens[2] / (seconds[2] + share)) / (tokens[0] / seconds[0]))

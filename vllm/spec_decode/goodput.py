@@ -72,7 +72,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from vllm.spec_decode.acceptance import (Acceptance, AcceptedRuns, RunOdds, hazards_of,
                                          tokens_and_hits)
@@ -272,7 +272,8 @@ class GoodputController:
         self.probe_cost_per_token: Optional[float] = None
         self._probes: deque = deque(maxlen=COST_WINDOW)  # seconds per caught-up token
         self.catch_up_tokens = 0  # of the decoding requests now (set by decide)
-        self.tokens_left: Optional[float] = None  # theirs, on average (set by decide)
+        # theirs, on average, asked for when needed (set by decide)
+        self.tokens_left: Optional[Callable[[], Optional[float]]] = None
         self.last = Decision(0)
         # the last choice's best goodput with drafting over plain decoding's (None: unmodelled)
         self.best_spec_ratio: Optional[float] = None
@@ -425,12 +426,13 @@ class GoodputController:
 
     def decide(self, req_ids: list[str], seeded: bool, catch_up_tokens: int = 0,
                can_hit: Optional[list[bool]] = None,
-               tokens_left: Optional[float] = None) -> Decision:
+               tokens_left: Optional[Callable[[], Optional[float]]] = None) -> Decision:
         """k and drafting ahead for a step whose decoding requests are req_ids; catch_up_tokens:
         the tokens of theirs the draft has not seen (what a probe would make it catch up on);
         can_hit: per request, whether drafts are made ahead for it (greedy requests; default
-        all); tokens_left: the most tokens each may still generate, on average (None:
-        unknown)."""
+        all); tokens_left: gives the most tokens each may still generate, on average (None:
+        unknown); asked only where resuming would catch up on more than a token or two a
+        request (_resume_seconds), not every step."""
         self.catch_up_tokens = catch_up_tokens
         self.tokens_left = tokens_left
         self.arm = None
@@ -470,7 +472,8 @@ class GoodputController:
         tokens = odds.tokens
         resume = self._resume_seconds(batch)
         if resume:  # each speculative step's share of the catch-up that resuming costs
-            seconds = seconds[:1] + [t + resume * n / batch / self.tokens_left
+            cost, left = resume
+            seconds = seconds[:1] + [t + cost * n / batch / left
                                      for t, n in zip(seconds[1:], tokens[1:])]
         rates = [n / t for n, t in zip(tokens, seconds)]
         ahead = [False] * len(rates)
@@ -491,19 +494,20 @@ class GoodputController:
         self._plain_steps_left = PLAIN_RECHECK_STEPS - 1
         return self._probe_or_plain(batch)
 
-    def _resume_seconds(self, batch: int) -> float:
+    def _resume_seconds(self, batch: int) -> Optional[tuple[float, float]]:
         """What speculating costs first after a run of plain steps where the drafter was not fed
         (a drafter in the engine's process): its catch-up on every token since, beyond the
         token or two a request that every proposal catches up on, at the cost per token the
-        catch-ups measured; 0 while that is unmeasured or the tokens left are unknown. _choose
-        spreads it over the steps the requests have left at each k (tokens_left over the tokens
-        a step emits). (2-core AVX-512 Xeon, `make demo`'s pair on the CPU at batch 4: after 37
+        catch-ups measured, with the tokens the requests have left (None while either is
+        unknown or nothing beyond the usual is to be caught up on). _choose spreads it over the
+        steps the requests have left at each k (the tokens left over the tokens a step emits). (2-core AVX-512 Xeon, `make demo`'s pair on the CPU at batch 4: after 37
         plain steps, with ~16 tokens left, k = 2 was chosen again; its first step took 2.96 s,
         against ~0.35 s for a k = 2 step and ~0.14 for a plain one.)"""
         excess = self.catch_up_tokens - 2 * batch
-        if self.probe_cost_per_token is None or not self.tokens_left or excess <= 0:
-            return 0.0
-        return self.probe_cost_per_token * excess
+        if self.probe_cost_per_token is None or self.tokens_left is None or excess <= 0:
+            return None
+        left = self.tokens_left()
+        return (self.probe_cost_per_token * excess, left) if left else None
 
     def _probe_or_plain(self, batch: int) -> Decision:
         """Plain decoding was chosen: a one-draft probe if the probes' credit pays for one."""

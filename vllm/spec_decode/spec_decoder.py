@@ -141,7 +141,7 @@ class SpecDecoder:
             self.decision = self.controller.decide(
                 [r.req_id for r in decoding], seeded, catch_up,
                 [r.sampling_params.is_plain_greedy for r in decoding],
-                self._tokens_left(decoding))
+                lambda: self._tokens_left(decoding))
             if self.spec_config.speculative_draft_ahead == "on" and not self.decision.probe:
                 self.decision.draft_ahead = self.draft_ahead
         self.resting = self._plan_split(running, decoding)
