@@ -229,8 +229,8 @@ def cpu_like(n: int) -> float:  # compute-bound target: every token costs the sa
 
 
 def test_a_cpu_target_climbs_k_one_at_a_time():
-    """Exploring upward (a CPU target), a step's k is at most one past the largest verification
-    size measured, so the first speculative steps draft 1 each where the configured K (the
+    """Exploring upward (a CPU target), a step's k is at most one past the k of the largest
+    verification size measured, so the first speculative steps draft 1 each where the configured K (the
     verification priced flat before it is measured) drafted 4 and paid 5 plain steps' time for
     it, twice; once the curve measures the growth, both go plain."""
     draft = lambda b: 2e-3 * b  # noqa: E731
@@ -261,8 +261,8 @@ def passes_like(n: int) -> float:
 def test_a_cpu_target_measures_every_k_on_its_climb():
     """Where the verification's cost steps (passes_like), an unmeasured k read between two
     measured ones is mispriced: climbing by octaves (1, then 3 priced from 4 and 8 tokens, then
-    4) priced k = 2 half way between 8 and 16 tokens and settled on k = 4 (69.5 tokens/s of
-    the model against k = 2's 76). Climbing one k at a time measures k = 2 and keeps it."""
+    4) priced k = 2 half way between 8 and 16 tokens and settled on k = 4 (69.9 tokens/s of
+    the model against k = 2's 76.3). Climbing one k at a time measures k = 2 and keeps it."""
     ctrl = GoodputController(max_k=4, explore_upward=True)
     rate, ks = simulate(ctrl, 0.95, passes_like, lambda b: 10e-3, batch=4, steps=60)
     first = next(i for i, k in enumerate(ks) if k > 0)
@@ -292,7 +292,7 @@ def test_resuming_after_plain_steps_prices_the_catch_up_over_the_tokens_left():
         return ctrl
 
     ids = [f"r{i}" for i in range(4)]
-    # 37 plain steps behind: 148 tokens, ~2.1 s of catch-up beyond the usual 8
+
     def left(n):  # the engine's tokens_left: asked only where there is a catch-up to price
         def ask():
             asked.append(n)
@@ -300,6 +300,7 @@ def test_resuming_after_plain_steps_prices_the_catch_up_over_the_tokens_left():
         return ask
 
     asked = []
+    # 37 plain steps behind: 148 tokens, ~2.1 s of catch-up beyond the usual 8
     assert controller().decide(ids, seeded=False, catch_up_tokens=148,
                                tokens_left=left(16)).k == 0
     assert controller().decide(ids, seeded=False, catch_up_tokens=148,
