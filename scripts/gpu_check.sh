@@ -20,8 +20,9 @@
 #   --settings, e.g. "team:VLLM_CPU_DECODE_TEAM=1;no team:VLLM_CPU_DECODE_TEAM=0"),
 #   DRAFT_PROFILE=1 for an op profile of each shape's batch-8
 #   step at all cores; the fused rows print decode_layers' time by stage)
-#   (trace: each of TRACE_SHAPES' batch-1 and batch-8 steps, TRACE_CALLS proposals, thread by
-#   thread: benchmarks/lab/cpu_step_trace.py; with HOST_ONLY=1 after a CPU-only build)
+#   (trace: each of TRACE_SHAPES' batch-1 and batch-8 steps, TRACE_CALLS proposals, at
+#   TRACE_THREADS (default all cores), thread by thread: benchmarks/lab/cpu_step_trace.py;
+#   with HOST_ONLY=1 after a CPU-only build)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too, PAIR_CONTROL_K=k a fixed-k row again after the rest,
 #   PAIR_ADAPTIVE_FIRST=1 the controller's rows also before the fixed ones, PAIR_ROUNDS=R every
@@ -230,10 +231,11 @@ if want trace; then
   # where each stage's loops spend their time, thread by thread (benchmarks/lab/cpu_step_trace.py)
   for s in ${TRACE_SHAPES:-draft-20m llama-68m smollm2-135m}; do
     shapes $s
-    echo "== the step's timeline: $s, bf16, $(nproc) threads, batch 1 and 8"
-    "$PY" benchmarks/lab/cpu_step_trace.py /tmp/$s "$(nproc)" "${TRACE_CALLS:-64}" \
-      > "$OUT_DIR/trace_$s.log" 2>&1 || status=1
-    grep -v INFO "$OUT_DIR/trace_$s.log" | tail -28
+    thr="${TRACE_THREADS:-$(nproc)}"
+    echo "== the step's timeline: $s, bf16, $thr threads, batch 1 and 8"
+    "$PY" benchmarks/lab/cpu_step_trace.py /tmp/$s "$thr" "${TRACE_CALLS:-64}" \
+      > "$OUT_DIR/trace_${s}_t$thr.log" 2>&1 || status=1
+    grep -v INFO "$OUT_DIR/trace_${s}_t$thr.log" | tail -28
   done
 fi
 if want pair; then
