@@ -186,7 +186,10 @@ def time_forwards(draft: DraftModelProposer, args, batch_sizes,
             reqs.append(Request(f"b{bs}-{i}", None, ids.tolist(),
                                 SamplingParams(temperature=0.0), None))
         draft.propose(reqs, [1] * len(reqs)).result()  # the context's forward (a prefill)
-        calls = sum(1 for which, _ in schedule if turns[which][0] == bs)  # this batch's
+        # this batch's calls, each writing args.steps more slots; held, each call writes the
+        # first call's slots again
+        calls = 1 if args.hold_context else sum(1 for which, _ in schedule
+                                                if turns[which][0] == bs)
         for req in reqs:
             if not draft.block_manager.grow(draft.seqs[req.req_id].block_ids,
                                             args.context + args.steps * calls + 2):

@@ -249,11 +249,11 @@ def test_hold_context_times_every_call_at_the_context(hold):
     the steps of every call before; mean_context says which."""
     import types
     from benchmarks import benchmark_draft as bd
-    starts = []
+    starts, grown_to = [], []
 
     class Draft:
         config = types.SimpleNamespace(hf_config=types.SimpleNamespace(vocab_size=10))
-        block_manager = types.SimpleNamespace(grow=lambda ids, n: True)
+        block_manager = types.SimpleNamespace(grow=lambda ids, n: grown_to.append(n) or True)
         runner = types.SimpleNamespace(prepare_inputs=lambda: None)
 
         def __init__(self):
@@ -283,6 +283,9 @@ def test_hold_context_times_every_call_at_the_context(hold):
     assert starts == ([(6, 5)] * 6 if hold else grown)
     # growing: the timed calls (after the warm-up's) start at 7 and 9 tokens
     assert bd.mean_context(args) == (6 if hold else 8)
+    # the KV each sequence is grown to: held, one call's slots (the context, the token drawn
+    # after it, the steps, one spare), not every call's (a 16-core host's KV ran out so)
+    assert grown_to == [5 + 2 + 2] * 2 if hold else [5 + 2 * 3 + 2] * 2
 
 
 def test_forwards_in_blocks_each_after_an_untimed_one_of_its_turn():
