@@ -11,7 +11,8 @@
 #   PROFILE_GPU_UTIL its --gpu-memory-utilization (default 0.8, 0.95 for codellama-34b: it fits
 #   an 80 GB card so);
 #   gemv: benchmarks/benchmark_gemv_cuda.py at GEMV_ROWS; attn: benchmarks/benchmark_attention_cuda.py
-#   at each of ATTN_VARIANTS (as PROFILE_VARIANTS, comma-joined settings); draft: DRAFT_THREADS, DRAFT_PATHS,
+#   at each of ATTN_VARIANTS (as PROFILE_VARIANTS, comma-joined settings); draft: DRAFT_SHAPES
+#   (default: draft-20m llama-68m smollm2-135m), DRAFT_THREADS, DRAFT_PATHS,
 #   DRAFT_TAG a suffix for its files, DRAFT_STEPS forwards a draft call (--steps, default 1),
 #   DRAFT_CONTEXT each sequence's prompt before the timed forwards (--context, default 256),
 #   DRAFT_HOLD=1 every timed call at that context (--hold-context: set back after each call),
@@ -211,8 +212,9 @@ fi
 if want draft; then
   echo "== the CPU decode forward on this host: three draft shapes, bf16, batch 1 and 8, threads,"
   echo "   fused (decode_layers) vs native (per-op) paths"
-  shapes draft-20m llama-68m smollm2-135m
-  "$PY" benchmarks/benchmark_draft.py --model /tmp/draft-20m,/tmp/llama-68m,/tmp/smollm2-135m \
+  draft_shapes="${DRAFT_SHAPES:-draft-20m llama-68m smollm2-135m}"
+  shapes $draft_shapes
+  "$PY" benchmarks/benchmark_draft.py --model "$(printf '/tmp/%s,' $draft_shapes | sed 's/,$//')" \
     --load-format dummy --dtypes bfloat16 --threads "${DRAFT_THREADS:-1,2,4,8,16}" --batch-sizes 1,8 \
     --paths "${DRAFT_PATHS:-fused,native}" --num-forwards "${DRAFT_FORWARDS:-48}" --settings "${DRAFT_SETTINGS:-default}" \
     --steps "${DRAFT_STEPS:-1}" --context "${DRAFT_CONTEXT:-256}" ${DRAFT_HOLD:+--hold-context} \

@@ -19,6 +19,7 @@ forwards):
                thread is done
   tail         the last chunk done until the master has seen every flag
   loop         the hand-over until the master has seen every flag
+Then each stage's work thread by thread (the master's from the hand-over), us a forward.
 Usage: python benchmarks/lab/cpu_step_trace.py MODEL_DIR [THREADS] [CALLS] [DTYPE]"""
 import collections
 import os
@@ -101,6 +102,10 @@ def loop_costs(records: list[tuple], rate: float) -> dict:
                 work.append((p["own"] - p["issue"]) * us)
                 done = [w[DONE] for w in workers.values() if DONE in w]
                 o = out[stage]
+                for t, w in workers.items():  # each thread's, summed over the stage's loops
+                    if DONE in w:
+                        o[f"thread{t}"].append((w[DONE] - w[SEEN]) * us)
+                o["thread0"].append((p["own"] - p["issue"]) * us)
                 o["serial"].append(p["serial"])
                 o["wake"].append(statistics.median(seen) if seen else 0.0)
                 o["wake_max"].append(max(seen, default=0.0))
@@ -187,6 +192,12 @@ def main() -> None:
                 f"{m[c]:12.2f}" if c in m else f"{'-':>12s}" for c in cols))
             totals.update({c: m.get(c, 0.0) for c in cols})
         print(f"  {'all':13s}" + "".join(f"{totals[c]:12.2f}" for c in cols))
+        # which thread is the slow one: each thread's work (0 the master), us a forward
+        print("  work by thread (0: the master's, from the hand-over)")
+        for stage, m in summary.items():
+            ts = sorted((int(k[6:]), v) for k, v in m.items() if k.startswith("thread"))
+            if ts:
+                print(f"  {stage:13s}" + "".join(f"{v:6.1f}" for _, v in ts))
 
 
 if __name__ == "__main__":
