@@ -80,12 +80,6 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                               "ahead, into the thread's next panels at a pass's end (read by "
                               "the kernel at each call): 1 (default), 0 off (SmolLM2-135M's batch-"
                               "8 forward 5.3-5.6% faster on 16-core hosts)"),
-    "VLLM_CPU_AMX_INPUT_PREFETCH": (_one_of("0", "1"), "0",
-                                    "1: the packed AMX tiles prefetch a thread's input rows "
-                                    "(another thread's output, as a rule) before its first "
-                                    "task, all their lines at once; 0 (default): the tile "
-                                    "loads find them a k-step at a time (read by the kernel at "
-                                    "each call)"),
     "VLLM_CPU_DECODE_SPLIT_ELEMS": (int, 2048,
                                     "elements a thread from which decode_layers splits its "
                                     "norms, silu_and_mul and rotary over the threads (read by "

@@ -118,9 +118,6 @@ class PanelKernel {
   explicit PanelKernel(int64_t most) : most(most) {}
   virtual ~PanelKernel() = default;
   virtual void begin() const {}
-  // Before a thread's first task, with the input rows it will read (another thread's output,
-  // as a rule: a folded norm's rows, the attention's).
-  virtual void prefetch_input(const c10::BFloat16* x, int64_t ldx) const {}
   virtual void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
                    int64_t next_end) const = 0;
   virtual void end() const {}

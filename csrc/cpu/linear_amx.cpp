@@ -104,21 +104,6 @@ bool amx_prefetch() {
   return false;
 }
 
-// VLLM_CPU_AMX_INPUT_PREFETCH (read at every call): 1 prefetches a thread's input rows, all
-// their lines at once, before its first task of a packed AMX linear; 0 (default) leaves them to
-// the tile loads. The rows are another thread's output as a rule (a folded norm's, the
-// attention's), and a k-step's tile load of them waits for the k-step before (the A tile is
-// reused), so their misses come one k-step at a time. (On the H100 machine's 16-core host a
-// batch-8 draft-20m linear took ~5 us a loop a thread for 8 KB of weights, against ~1.8 at
-// batch 1 for 32 KB: run 72.)
-bool amx_input_prefetch() {
-  const char* v = std::getenv("VLLM_CPU_AMX_INPUT_PREFETCH");
-  if (v == nullptr || std::string(v) == "0") return false;
-  TORCH_CHECK(std::string(v) == "1", "VLLM_CPU_AMX_INPUT_PREFETCH must be 0 or 1, got '", v,
-              "'");
-  return true;
-}
-
 // Tiles 0 .. 7 of rows[t] rows of 64 bytes each (0: unused).
 VLLM_AMX_TARGET void load_tile_config(const uint8_t (&rows)[8]) {
   TileConfig cfg;
@@ -424,24 +409,7 @@ class AmxPanels final : public PanelKernel {
         out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim), n_(n_dim),
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),
-        prefetch_(amx_prefetch()), input_prefetch_(amx_input_prefetch()) {}
-
-  // Every line of the m rows' k_dim columns: into L1 where they fit in 32 KB, else L2.
-  void prefetch_input(const c10::BFloat16* x, int64_t ldx) const override {
-    if (!input_prefetch_) return;
-    const int64_t bytes = steps_ * kTileK * 2;  // a row's
-    const bool l1 = m_ * bytes <= (int64_t{32} << 10);
-    for (int64_t m = 0; m < m_; ++m) {
-      const char* row = reinterpret_cast<const char*>(x + m * ldx);
-      for (int64_t b = 0; b < bytes; b += 64) {
-        if (l1) {
-          _mm_prefetch(row + b, _MM_HINT_T0);
-        } else {
-          _mm_prefetch(row + b, _MM_HINT_T1);
-        }
-      }
-    }
-  }
+        prefetch_(amx_prefetch()) {}
 
   void begin() const override {
     if (m_ <= kMaxRows) {
@@ -499,7 +467,7 @@ class AmxPanels final : public PanelKernel {
   const c10::BFloat16 *packed_, *bias_;
   int64_t m_, n_, pairs_, steps_;
   int groups_;
-  bool prefetch_, input_prefetch_;
+  bool prefetch_;
 };
 
 }  // namespace

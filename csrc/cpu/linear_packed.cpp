@@ -196,7 +196,6 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
       ld = ldx;
     }
     const int64_t next_end = std::min(end * per, span);  // this thread's panels' end
-    kernel.prefetch_input(rows, ld);
     kernel.begin();
     for (int64_t t = begin; t < end; ++t) {
       const int64_t pb = t * per;

@@ -125,20 +125,9 @@ def test_amx_prefetch_setting_is_checked(monkeypatch):
                           torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
 
 
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="read by the packed AMX tiles")
-def test_amx_input_prefetch_setting_is_checked(monkeypatch):
-    """VLLM_CPU_AMX_INPUT_PREFETCH, read by the packed AMX tiles at each call, takes 0 or 1;
-    anything else is an error naming it."""
-    monkeypatch.setenv("VLLM_CPU_AMX_INPUT_PREFETCH", "on")
-    w = torch.randn(64, 64, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX_INPUT_PREFETCH must be 0 or 1"):
-        ops.linear_packed(torch.empty(8, 64, dtype=torch.bfloat16),
-                          torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
-
-
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
-@pytest.mark.parametrize("prefetch", ["1", "0", "input"])
+@pytest.mark.parametrize("prefetch", ["1", "0"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
 @pytest.mark.parametrize("m", [4, 8, 16, 24])
 @pytest.mark.parametrize("n,k", [(576, 1536), (84, 96), (2048, 576)])
@@ -147,11 +136,9 @@ def test_linear_packed_panels_per_task(amx, prefetch, threads, m, n, k, monkeypa
     fewer, whichever leaves the busiest thread the fewest (36 panels on 16 threads: 1; on 3: the
     most; 6 panels on 3 threads: 2): the same sums at every thread count (4 rows: the AVX512
     tiles either way; 24 rows: AMX's two row groups, or the register tiles with AMX off), with
-    the AMX tiles prefetching each thread's next panels (VLLM_CPU_AMX_PREFETCH) or not, or
-    its input rows as well (VLLM_CPU_AMX_INPUT_PREFETCH)."""
+    the AMX tiles prefetching each thread's next panels (VLLM_CPU_AMX_PREFETCH) or not."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
-    monkeypatch.setenv("VLLM_CPU_AMX_PREFETCH", "0" if prefetch == "0" else "1")
-    monkeypatch.setenv("VLLM_CPU_AMX_INPUT_PREFETCH", "1" if prefetch == "input" else "0")
+    monkeypatch.setenv("VLLM_CPU_AMX_PREFETCH", prefetch)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
