@@ -80,6 +80,11 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                               "ahead, into the thread's next panels at a pass's end (read by "
                               "the kernel at each call): 1 (default), 0 off (SmolLM2-135M's batch-"
                               "8 forward 5.3-5.6% faster on 16-core hosts)"),
+    "VLLM_CPU_AMX_CHUNK_PREFETCH": (int, 0,
+                                    "KB of a thread's panels that the packed AMX tiles "
+                                    "prefetch into L2 at its start, before it waits for its "
+                                    "input rows (read by the kernel at each call); 0 (default) "
+                                    "none (not yet measured)"),
     "VLLM_CPU_DECODE_SPLIT_ELEMS": (int, 2048,
                                     "elements a thread from which decode_layers splits its "
                                     "norms, silu_and_mul and rotary over the threads (read by "

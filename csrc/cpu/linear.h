@@ -118,6 +118,9 @@ class PanelKernel {
   explicit PanelKernel(int64_t most) : most(most) {}
   virtual ~PanelKernel() = default;
   virtual void begin() const {}
+  // At a thread's start, before its input rows are read (a folded norm may wait for them): its
+  // panels [pb, pb_end), a stretch of the packed copy.
+  virtual void prefetch_panels(int64_t pb, int64_t pb_end) const {}
   virtual void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
                    int64_t next_end) const = 0;
   virtual void end() const {}

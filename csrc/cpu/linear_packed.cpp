@@ -189,6 +189,8 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
   const int64_t task_bytes = k_dim * 2 * kPackRows * per * (paired ? 2 : 1);
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / task_bytes);
   parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
+    kernel.prefetch_panels(begin * per, std::min(end * per, span));
+    if (paired) kernel.prefetch_panels(span + begin * per, span + std::min(end * per, span));
     int64_t ld = ldx;
     const c10::BFloat16* rows = fold != nullptr ? fold->input(begin == 0, &ld) : nullptr;
     if (rows == nullptr) {

@@ -125,9 +125,21 @@ def test_amx_prefetch_setting_is_checked(monkeypatch):
                           torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
 
 
+@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="read by the packed AMX tiles")
+@pytest.mark.parametrize("value", ["on", "-1", "4097", "8k"])
+def test_amx_chunk_prefetch_setting_is_checked(value, monkeypatch):
+    """VLLM_CPU_AMX_CHUNK_PREFETCH, read by the packed AMX tiles at each call, is a number of
+    KB from 0 to 4096; anything else is an error naming it."""
+    monkeypatch.setenv("VLLM_CPU_AMX_CHUNK_PREFETCH", value)
+    w = torch.randn(64, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX_CHUNK_PREFETCH must be a number"):
+        ops.linear_packed(torch.empty(8, 64, dtype=torch.bfloat16),
+                          torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
+
+
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
-@pytest.mark.parametrize("prefetch", ["1", "0"])
+@pytest.mark.parametrize("prefetch", ["1", "0", "chunk"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
 @pytest.mark.parametrize("m", [4, 8, 16, 24])
 @pytest.mark.parametrize("n,k", [(576, 1536), (84, 96), (2048, 576)])
@@ -136,9 +148,12 @@ def test_linear_packed_panels_per_task(amx, prefetch, threads, m, n, k, monkeypa
     fewer, whichever leaves the busiest thread the fewest (36 panels on 16 threads: 1; on 3: the
     most; 6 panels on 3 threads: 2): the same sums at every thread count (4 rows: the AVX512
     tiles either way; 24 rows: AMX's two row groups, or the register tiles with AMX off), with
-    the AMX tiles prefetching each thread's next panels (VLLM_CPU_AMX_PREFETCH) or not."""
+    the AMX tiles prefetching each thread's next panels (VLLM_CPU_AMX_PREFETCH) or not, or
+    also the first 4 KB of its panels at its start (VLLM_CPU_AMX_CHUNK_PREFETCH: less than some
+    threads' panels, all of others')."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
-    monkeypatch.setenv("VLLM_CPU_AMX_PREFETCH", prefetch)
+    monkeypatch.setenv("VLLM_CPU_AMX_PREFETCH", "0" if prefetch == "0" else "1")
+    monkeypatch.setenv("VLLM_CPU_AMX_CHUNK_PREFETCH", "4" if prefetch == "chunk" else "0")
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
