@@ -254,6 +254,43 @@ def test_bad_draft_is_a_startup_error(spec_target, tmp_path):
         spec_engine(spec_target, str(tmp_path / "missing"))
 
 
+def test_a_step_after_accepted_drafts_is_no_catch_up(reference, spec_target):
+    """The controller hears, as a step's catch-up, the tokens whose KV the drafter lacks: after
+    a step that drafted for every request, at most 2 a request (the last draft, the bonus
+    token), however many drafts were accepted; so no resume's catch-up is priced and the
+    requests' tokens left are not asked for. After plain steps the drafter was fed (a draft
+    process): 1 or 2 a request (a feed is skipped while the one before still runs)."""
+    from vllm.spec_decode.goodput import Decision
+
+    engine = spec_engine(spec_target, spec_target, speculative_adaptive="on")
+    spec = engine.spec
+    pattern = [3, 3, 3, 0, 0, 3]
+    seen, asked = [], {"n": 0}
+
+    def scripted(req_ids, seeded, catch_up_tokens=0, can_hit=None, tokens_left=None):
+        k = pattern[len(seen) % len(pattern)]
+        seen.append((len(req_ids), catch_up_tokens, k))
+        if tokens_left is not None and catch_up_tokens > 2 * len(req_ids):
+            asked["n"] += 1  # what _resume_seconds would do
+        return Decision(k)
+
+    spec.controller.decide = scripted
+    try:
+        assert run(engine) == reference
+        assert engine.spec_metrics.acceptance_rate == 1.0
+        after_spec = [(n, c) for (n, c, _), (_, _, prev) in zip(seen[1:], seen) if prev and n]
+        assert len(after_spec) > 10
+        # every draft accepted: 4 new tokens a request, of which the drafter lacks 2
+        assert all(c <= 2 * n for n, c in after_spec)
+        assert any(c == 2 * n for n, c in after_spec)
+        after_plain = [(n, c) for (n, c, _), (_, _, prev) in zip(seen[1:], seen)
+                       if not prev and n]
+        assert len(after_plain) > 5 and all(n <= c <= 2 * n for n, c in after_plain)
+        assert asked["n"] == 0
+    finally:
+        engine.shutdown()
+
+
 def test_drafter_catches_up_during_plain_steps(reference, spec_target):
     """Under the goodput controller a plain step sends the drafter the new tokens to catch up on
     (never waited for): with the target as its own draft every later draft is accepted (the KV

@@ -137,7 +137,7 @@ class SpecDecoder:
             # seeded requests must come out the same on every run: timing may not change k
             seeded = any(r.sampling_params.seed is not None for r in running)
             decoding = _decoding(running)
-            catch_up = sum(r.num_tokens - self._seen.get(r.req_id, 0) for r in decoding)
+            catch_up = sum(self._unseen(r) for r in decoding)
             self.decision = self.controller.decide(
                 [r.req_id for r in decoding], seeded, catch_up,
                 [r.sampling_params.is_plain_greedy for r in decoding],
@@ -146,6 +146,16 @@ class SpecDecoder:
                 self.decision.draft_ahead = self.draft_ahead
         self.resting = self._plan_split(running, decoding)
         return self.decision.k
+
+    def _unseen(self, req: Request) -> int:
+        """The tokens of req whose KV its drafter lacks: every token since the proposer last
+        had it, but at most 2 where it drafted for req in the last step (it holds the KV of
+        the drafts the target accepted; the last draft and the target's bonus token are new).
+        Counted as every token since, a step after 3 accepted drafts read as a catch-up of 4
+        a request, and the controller priced a resume's catch-up into every speculative step
+        of a well-accepted draft."""
+        unseen = req.num_tokens - self._seen.get(req.req_id, 0)
+        return min(unseen, 2) if req.req_id in self._drafted_last_step else unseen
 
     def _tokens_left(self, decoding: list[Request]) -> Optional[float]:
         """The most tokens the decoding requests may still generate, on average: each one's
@@ -203,9 +213,7 @@ class SpecDecoder:
         need = [i for i in idx if out.requests[i].req_id not in ready]
         # a proposal measures the draft forward when the drafter is caught up: it drafted for
         # the request in the last step, or saw its tokens but the last one or two
-        fresh = all(out.requests[i].req_id in self._drafted_last_step
-                    or out.requests[i].num_tokens - self._seen.get(out.requests[i].req_id, 0)
-                    <= 2 for i in need)
+        fresh = all(self._unseen(out.requests[i]) <= 2 for i in need)
         if need:
             ready.update(self._propose_now([out.requests[i] for i in need],
                                            [out.num_lookahead[i] for i in need]))
