@@ -285,7 +285,7 @@ def test_hold_context_times_every_call_at_the_context(hold):
     assert bd.mean_context(args) == (6 if hold else 8)
     # the KV each sequence is grown to: held, one call's slots (the context, the token drawn
     # after it, the steps, one spare), not every call's (a 16-core host's KV ran out so)
-    assert grown_to == [5 + 2 + 2] * 2 if hold else [5 + 2 * 3 + 2] * 2
+    assert grown_to == ([5 + 2 + 2] * 2 if hold else [5 + 2 * 3 + 2] * 2)
 
 
 def test_forwards_in_blocks_each_after_an_untimed_one_of_its_turn():
