@@ -24,6 +24,8 @@
 #   (trace: each of TRACE_SHAPES' batch-1 and batch-8 steps, TRACE_CALLS proposals, at
 #   TRACE_THREADS (default all cores), thread by thread: benchmarks/lab/cpu_step_trace.py;
 #   with HOST_ONLY=1 after a CPU-only build)
+#   (gap: benchmarks/lab/cpu_amx_gap_lab.py, GAP_SHAPE's step matrices at 1 and 8 rows with
+#   busy gaps of GAP_US between them, VLLM_CPU_AMX auto and 0; HOST_ONLY=1 as for trace)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too, PAIR_CONTROL_K=k a fixed-k row again after the rest,
 #   PAIR_ADAPTIVE_FIRST=1 the controller's rows also before the fixed ones, PAIR_ROUNDS=R every
@@ -57,7 +59,9 @@
 #   DRAFT_SETTINGS="default;cpf32:VLLM_CPU_AMX_CHUNK_PREFETCH=32;cpf128:VLLM_CPU_AMX_CHUNK_PREFETCH=128"
 #   ... draft`: a thread's panels prefetched at its start (default off, unmeasured), and
 #   `python3 -m pytest tests/kernels/test_linear_packed.py -k "chunk or panels"` on that host
-#   (the setting's only AMX test). Then a round of all three shapes with the best setting.
+#   (the setting's only AMX test). Then a round of all three shapes with the best setting,
+#   and `... gap` (~30 s): if 8 rows over 1 grows with the gap under AMX and not under
+#   VLLM_CPU_AMX=0, the tiles pay a wake-up on each return after idle time.
 #   The controller on the GPU pair (run 70, 2 rounds): 3.00x plain against 3.41x for fixed k = 6
 #   ahead, with the same k chosen (k = 6 in 331 of 353 steps) and every phase slower; rerun
 #   with PAIR_ROUNDS=3 before reading it as the controller's.
@@ -238,6 +242,16 @@ if want trace; then
     "$PY" benchmarks/lab/cpu_step_trace.py /tmp/$s "$thr" "${TRACE_CALLS:-64}" \
       > "$OUT_DIR/trace_${s}_t$thr.log" 2>&1 || status=1
     grep -v INFO "$OUT_DIR/trace_${s}_t$thr.log" | tail -28
+  done
+fi
+if want gap; then
+  # does a many-row linear pay for the gaps between a step's loops? AMX tiles and, as the
+  # control, the AVX512 kernels (benchmarks/lab/cpu_amx_gap_lab.py)
+  for amx in auto 0; do
+    echo "== the gap lab: ${GAP_SHAPE:-draft-20m}, bf16, $(nproc) threads, VLLM_CPU_AMX=$amx"
+    VLLM_CPU_AMX=$amx "$PY" benchmarks/lab/cpu_amx_gap_lab.py "${GAP_SHAPE:-draft-20m}" "$(nproc)" \
+      "${GAP_US:-0,5,20}" 30 > "$OUT_DIR/gap_amx$amx.log" 2>&1 || status=1
+    cat "$OUT_DIR/gap_amx$amx.log"
   done
 fi
 if want pair; then

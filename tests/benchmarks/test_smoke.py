@@ -342,3 +342,24 @@ def test_draft_summary_sets_batch_ratios_beside_their_floors(capsys):
     print_summary([r for r in rows if r["batch_size"] == 8], {("m", "bfloat16"): 2})
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.endswith("1.600 ms = 2.13x floor at 2 thr (batch 8) (2.13x at 2); -")
+
+
+def test_the_amx_gap_lab_times_the_matrices_not_the_gaps():
+    """benchmarks/lab/cpu_amx_gap_lab.py: the step's matrices in the fused step's order (each
+    layer's qkv, o, gate_up, down, then the LM head), and a step's time is its calls' own, the
+    busy gaps after each left out."""
+    from benchmarks.lab import cpu_amx_gap_lab as lab
+    shape = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
+    dims = [tuple(w.shape) for w in lab.step_weights(shape)]
+    assert dims == [(128, 64), (64, 64), (192, 64), (64, 96)] * 2 + [(100, 64)]
+    ms = lab.step_ms([lambda: lab.busy_wait(1000)] * 3, gap_us=3000)
+    assert 3.0 <= ms < 6.0  # three 1 ms calls; the 9 ms of gaps not counted
+    # one row on the row-major weight, 8 on the packed copy: the same sums as F.linear
+    w = lab.step_weights(shape)[0]
+    for rows in (1, 8):
+        (call,) = lab.make_calls([w], rows)
+        out, x = call.__defaults__[:2]
+        call()
+        ref = torch.nn.functional.linear(x.float(), w.float())
+        torch.testing.assert_close(out.float(), ref, atol=0.05, rtol=0.02)
