@@ -105,6 +105,7 @@ class DraftModelProposer(Proposer):
         self.runner.initialize_cache(num_blocks)
         # plain-greedy one-token steps in one native call each run (None: not a CPU Llama draft)
         self.greedy_step = cpu_decode.GreedyStep.build(self.runner.model, self.runner.kv_caches)
+        self._step_ms_kept: dict[int, torch.Tensor] = {}  # _step_ms's
         self.num_threads = torch.get_num_threads()
         if self.config.device.type == "cpu" and (owns_process
                                                  or target_config.device.type != "cpu"):
@@ -204,7 +205,7 @@ class DraftModelProposer(Proposer):
             start = time.perf_counter()
             live = [(r, self.seqs[r.req_id]) for r, k in zip(reqs, ks) if k > step]
             steps = min(k for k in ks if k > step) - step
-            step_ms = torch.zeros(steps, dtype=torch.float64) if greedy and step == 0 else None
+            step_ms = self._step_ms(steps) if greedy and step == 0 else None
             drawn = (self._greedy_steps([seq for _, seq in live], steps, step_ms)
                      if greedy else None)
             if drawn is not None:
@@ -220,9 +221,21 @@ class DraftModelProposer(Proposer):
             if step == 0:
                 first_forward_s = time.perf_counter() - start
                 if steps > 1:  # the later steps of the first call are not the first forward's
-                    first_forward_s -= float(step_ms[1:steps].sum()) / 1e3
+                    first_forward_s -= sum(step_ms.tolist()[1:steps]) / 1e3
             step += steps
         return drafts, probs, first_forward_s
+
+    def _step_ms(self, steps: int) -> torch.Tensor:
+        """A zeroed float64 [steps] for greedy_steps' step times, kept per size; _draft reads
+        it back as a list, not sliced and summed as a tensor. On the 2-core AVX-512 Xeon VM
+        (benchmarks/lab/draft_call_python.py, draft-20m, 4 forwards a call) _draft's own Python
+        took 81 -> 56 us a call at batch 1 and 154 -> 120 at batch 8, _greedy_steps' 45 -> 50
+        and 84 -> 98 (the cold caches after the forwards are paid elsewhere): ~20 us a call
+        less in all, ~1% of a batch-1 call."""
+        kept = self._step_ms_kept.get(steps)
+        if kept is None:
+            kept = self._step_ms_kept[steps] = torch.zeros(steps, dtype=torch.float64)
+        return kept.zero_()
 
     def _model_step(self, live: list[tuple[Request, DraftSequence]], drafts: dict,
                     probs: dict) -> None:
@@ -263,7 +276,8 @@ class DraftModelProposer(Proposer):
             starts = int_tensor([0] + list(itertools.accumulate(fed)), torch.int32)
         tokens = self.greedy_step(int_tensor(ids), int_tensor(positions),
                                   block_tables_tensor(seqs), steps, starts,
-                                  None if step_ms is None else step_ms[:steps])
+                                  step_ms if step_ms is None or len(step_ms) == steps
+                                  else step_ms[:steps])
         return None if tokens is None else tokens.tolist()
 
     @torch.inference_mode()
