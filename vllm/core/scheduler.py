@@ -50,6 +50,15 @@ class Appended:
     status: Optional[RequestStatus] = None
 
 
+def length_left(req: Request, num_out: int, max_model_len: int) -> int:
+    """The output tokens req may still generate after num_out of them: up to its max_tokens
+    and to the model's length, whichever comes first (0 or less: capped)."""
+    left = max_model_len - req.num_prompt_tokens - num_out
+    if req.sampling_params.max_tokens is not None:
+        left = min(left, req.sampling_params.max_tokens - num_out)
+    return left
+
+
 def check_token_stop(req: Request, token_id: int, num_out: int, max_model_len: int
                      ) -> Optional[RequestStatus]:
     """Whether req ends at its num_out-th output token, token_id (eos, a stop token id, or a
@@ -61,9 +70,7 @@ def check_token_stop(req: Request, token_id: int, num_out: int, max_model_len: i
         if token_id in params.stop_token_ids:
             req.stop_reason = token_id
             return RequestStatus.FINISHED_STOPPED
-    if params.max_tokens is not None and num_out >= params.max_tokens:
-        return RequestStatus.FINISHED_LENGTH_CAPPED
-    if req.num_prompt_tokens + num_out >= max_model_len:
+    if length_left(req, num_out, max_model_len) <= 0:
         return RequestStatus.FINISHED_LENGTH_CAPPED
     return None
 

@@ -272,8 +272,6 @@ class GoodputController:
         self.probe_cost_per_token: Optional[float] = None
         self._probes: deque = deque(maxlen=COST_WINDOW)  # seconds per caught-up token
         self.catch_up_tokens = 0  # of the decoding requests now (set by decide)
-        # theirs, on average, asked for when needed (set by decide)
-        self.tokens_left: Optional[Callable[[], Optional[float]]] = None
         self.last = Decision(0)
         # the last choice's best goodput with drafting over plain decoding's (None: unmodelled)
         self.best_spec_ratio: Optional[float] = None
@@ -434,7 +432,6 @@ class GoodputController:
         unknown); asked only where resuming would catch up on more than a token or two a
         request (_resume_seconds), not every step."""
         self.catch_up_tokens = catch_up_tokens
-        self.tokens_left = tokens_left
         self.arm = None
         if seeded:  # depends on nothing timed: the configured k
             decision = Decision(self.max_k, draft_ahead=self.draft_ahead_overlaps)
@@ -446,7 +443,7 @@ class GoodputController:
                 decision = self._probe_or_plain(len(req_ids))
             else:
                 self._plain_steps_left = 0
-                decision = self._choose(req_ids, can_hit)
+                decision = self._choose(req_ids, can_hit, tokens_left)
                 if self._plain_steps_left:
                     self._plain_key = (tuple(req_ids), self._changes)
             if decision.k > 0 and not decision.probe and not self._realized_allows(req_ids):
@@ -463,14 +460,15 @@ class GoodputController:
         plain_s = self.t_verify.estimate(len(req_ids))
         return self.realized.allows(req_ids, len(req_ids) / plain_s if plain_s else None)
 
-    def _choose(self, req_ids: list[str], can_hit: Optional[list[bool]]) -> Decision:
+    def _choose(self, req_ids: list[str], can_hit: Optional[list[bool]],
+                tokens_left: Optional[Callable[[], Optional[float]]] = None) -> Decision:
         batch = self.last_batch = len(req_ids)
         seconds = self.step_seconds_by_k(batch)
         if seconds is None:
             return Decision(0)  # measure a plain step first: it costs nothing extra
         odds = self.run_odds(req_ids, can_hit)
         tokens = odds.tokens
-        resume = self._resume_seconds(batch)
+        resume = self._resume_seconds(batch, tokens_left)
         if resume:  # each speculative step's share of the catch-up that resuming costs
             cost, left = resume
             seconds = seconds[:1] + [t + cost * n / batch / left
@@ -494,19 +492,21 @@ class GoodputController:
         self._plain_steps_left = PLAIN_RECHECK_STEPS - 1
         return self._probe_or_plain(batch)
 
-    def _resume_seconds(self, batch: int) -> Optional[tuple[float, float]]:
+    def _resume_seconds(self, batch: int, tokens_left: Optional[Callable[[], Optional[float]]]
+                        ) -> Optional[tuple[float, float]]:
         """What speculating costs first after a run of plain steps where the drafter was not fed
         (a drafter in the engine's process): its catch-up on every token since, beyond the
         token or two a request that every proposal catches up on, at the cost per token the
-        catch-ups measured, with the tokens the requests have left (None while either is
-        unknown or nothing beyond the usual is to be caught up on). _choose spreads it over the
-        steps the requests have left at each k (the tokens left over the tokens a step emits). (2-core AVX-512 Xeon, `make demo`'s pair on the CPU at batch 4: after 37
-        plain steps, with ~16 tokens left, k = 2 was chosen again; its first step took 2.96 s,
-        against ~0.35 s for a k = 2 step and ~0.14 for a plain one.)"""
+        catch-ups measured, with the tokens the requests have left (tokens_left, asked only
+        here; None while either is unknown or nothing beyond the usual is to be caught up on).
+        _choose spreads it over the steps the requests have left at each k (the tokens left
+        over the tokens a step emits). (2-core AVX-512 Xeon, `make demo`'s pair on the CPU at
+        batch 4: after 37 plain steps, with ~16 tokens left, k = 2 was chosen again; its first
+        step took 2.96 s, against ~0.35 s for a k = 2 step and ~0.14 for a plain one.)"""
         excess = self.catch_up_tokens - 2 * batch
-        if self.probe_cost_per_token is None or self.tokens_left is None or excess <= 0:
+        if self.probe_cost_per_token is None or tokens_left is None or excess <= 0:
             return None
-        left = self.tokens_left()
+        left = tokens_left()
         return (self.probe_cost_per_token * excess, left) if left else None
 
     def _probe_or_plain(self, batch: int) -> Decision:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from vllm.config import VllmConfig
 from vllm.core.request import Request
-from vllm.core.scheduler import Appended, SchedulerOutput
+from vllm.core.scheduler import Appended, SchedulerOutput, length_left
 from vllm.logger import init_logger
 from vllm.spec_decode.goodput import Decision, GoodputController
 from vllm.spec_decode.metrics import SpecDecodeMetrics
@@ -163,13 +163,8 @@ class SpecDecoder:
         if not decoding:
             return None
         limit = self.config.model_config.max_model_len
-        left = 0
-        for r in decoding:
-            most = limit - r.num_prompt_tokens
-            if r.sampling_params.max_tokens is not None:
-                most = min(most, r.sampling_params.max_tokens)
-            left += max(most - len(r.output_token_ids), 1)
-        return left / len(decoding)
+        return sum(max(length_left(r, len(r.output_token_ids), limit), 1)
+                   for r in decoding) / len(decoding)
 
     def _plan_split(self, running: list[Request],
                     decoding: Optional[list[Request]]) -> list[Request]:
