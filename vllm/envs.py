@@ -85,6 +85,12 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                     "prefetch into L2 at its start, before it waits for its "
                                     "input rows (read by the kernel at each call); 0 (default) "
                                     "none (not yet measured)"),
+    "VLLM_CPU_AMX_KEEP_TILES": (_one_of("0", "1"), "0",
+                                "1 leaves a packed AMX linear's threads with their tiles "
+                                "configured between loops (no tilerelease; ldtilecfg only where "
+                                "a thread's configuration differs), 0 (default) configures and "
+                                "releases them in every loop (read by the kernel at each call; "
+                                "not yet measured)"),
     "VLLM_CPU_DECODE_SPLIT_ELEMS": (int, 2048,
                                     "elements a thread from which decode_layers splits its "
                                     "norms, silu_and_mul and rotary over the threads (read by "

@@ -121,14 +121,34 @@ int64_t amx_chunk_prefetch_bytes() {
   return int64_t{kb} << 10;
 }
 
-// Tiles 0 .. 7 of rows[t] rows of 64 bytes each (0: unused).
-VLLM_AMX_TARGET void load_tile_config(const uint8_t (&rows)[8]) {
+// VLLM_CPU_AMX_KEEP_TILES (read at every call): 1 leaves a packed AMX linear's thread with its
+// tiles configured after its loop (no tilerelease), and its next loop skips ldtilecfg where the
+// thread's configuration (read back with sttilecfg) is already the one it wants; 0 (default)
+// configures at each loop's start and releases at its end. Why it may pay: a released tile
+// state is the INIT state, in which the core may power the tile unit down between a step's
+// loops; on the H100 machine's 16-core host a batch-8 draft-20m loop took each thread ~4-5 us
+// for 8-24 KB of panels (RESULTS.md, thirty-seventh session). Not yet measured.
+bool amx_keep_tiles() {
+  const char* v = std::getenv("VLLM_CPU_AMX_KEEP_TILES");
+  if (v == nullptr || std::string(v) == "0") return false;
+  TORCH_CHECK(std::string(v) == "1", "VLLM_CPU_AMX_KEEP_TILES must be 0 or 1, got '", v, "'");
+  return true;
+}
+
+// Tiles 0 .. 7 of rows[t] rows of 64 bytes each (0: unused). keep: not where the thread's tiles
+// are configured so already.
+VLLM_AMX_TARGET void load_tile_config(const uint8_t (&rows)[8], bool keep = false) {
   TileConfig cfg;
   std::memset(&cfg, 0, sizeof(cfg));
   cfg.palette_id = 1;
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = rows[t];
     cfg.colsb[t] = rows[t] > 0 ? 64 : 0;
+  }
+  if (keep) {
+    TileConfig now;  // the INIT state (released tiles) reads back as zeros
+    asm volatile("sttilecfg %0" : "=m"(now));
+    if (std::memcmp(&now, &cfg, sizeof(cfg)) == 0) return;
   }
   // ldtilecfg by hand, reading cfg as a memory operand: GCC 12's _tile_loadconfig does not tell
   // the compiler that it reads the struct, so the stores of its rows and column widths were
@@ -426,7 +446,8 @@ class AmxPanels final : public PanelKernel {
         out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim), n_(n_dim),
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),
-        prefetch_(amx_prefetch()), chunk_prefetch_(amx_chunk_prefetch_bytes()) {}
+        prefetch_(amx_prefetch()), keep_tiles_(amx_keep_tiles()),
+        chunk_prefetch_(amx_chunk_prefetch_bytes()) {}
 
   // The first chunk_prefetch_ bytes of the panels, line by line, into L2.
   void prefetch_panels(int64_t pb, int64_t pb_end) const override {
@@ -440,16 +461,16 @@ class AmxPanels final : public PanelKernel {
   void begin() const override {
     if (m_ <= kMaxRows) {
       const auto m = static_cast<uint8_t>(m_);
-      load_tile_config({m, m, m, m, m, 16, 16, 16});
+      load_tile_config({m, m, m, m, m, 16, 16, 16}, keep_tiles_);
     } else if (m_ <= kMaxPackedRows) {
       const auto m1 = static_cast<uint8_t>(m_ - kMaxRows);
-      load_tile_config({16, 16, m1, m1, 16, m1, 16, 16});
+      load_tile_config({16, 16, m1, m1, 16, m1, 16, 16}, keep_tiles_);
     } else {
       const auto last = static_cast<uint8_t>(m_ - (groups_ - 1) * kTileRows);
       if (groups_ == 3) {
-        load_tile_config({16, 16, last, 0, 16, 16, last, 0});
+        load_tile_config({16, 16, last, 0, 16, 16, last, 0}, keep_tiles_);
       } else {
-        load_tile_config({16, 16, 16, last, 16, 16, last, 0});
+        load_tile_config({16, 16, 16, last, 16, 16, last, 0}, keep_tiles_);
       }
     }
   }
@@ -485,7 +506,9 @@ class AmxPanels final : public PanelKernel {
     }
   }
 
-  void end() const override { release_tiles(); }
+  void end() const override {
+    if (!keep_tiles_) release_tiles();
+  }
 
  private:
   c10::BFloat16* out_;
@@ -493,7 +516,7 @@ class AmxPanels final : public PanelKernel {
   const c10::BFloat16 *packed_, *bias_;
   int64_t m_, n_, pairs_, steps_;
   int groups_;
-  bool prefetch_;
+  bool prefetch_, keep_tiles_;
   int64_t chunk_prefetch_;
 };
 

@@ -137,9 +137,49 @@ def test_amx_chunk_prefetch_setting_is_checked(value, monkeypatch):
                           torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
 
 
+@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="read by the packed AMX tiles")
+def test_amx_keep_tiles_setting_is_checked(monkeypatch):
+    """VLLM_CPU_AMX_KEEP_TILES, read by the packed AMX tiles at each call, takes 0 or 1;
+    anything else is an error naming it."""
+    monkeypatch.setenv("VLLM_CPU_AMX_KEEP_TILES", "yes")
+    w = torch.randn(64, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX_KEEP_TILES must be 0 or 1"):
+        ops.linear_packed(torch.empty(8, 64, dtype=torch.bfloat16),
+                          torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
+
+
+@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="the tiles are kept on AMX only")
+@pytest.mark.parametrize("threads", [1, 4])
+def test_kept_tiles_are_reconfigured_where_the_rows_change(threads, monkeypatch):
+    """With VLLM_CPU_AMX_KEEP_TILES=1 a thread keeps its tiles configured between loops: each
+    loop's rows (8, 24 and 40: one, two and three row groups, each its own configuration), the
+    unpacked AMX linear between them (which configures and releases the tiles itself) and the
+    same rows again must each give the reference's sums."""
+    monkeypatch.setenv("VLLM_CPU_AMX", "auto")
+    monkeypatch.setenv("VLLM_CPU_AMX_KEEP_TILES", "1")
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        w = torch.randn(256, 128, dtype=torch.bfloat16) / 128**0.5
+        packed = ops.pack_linear(w)
+        for m, packed_copy in [(8, True), (24, True), (8, False), (40, True), (12, True),
+                               (8, True), (16, False), (24, True)]:
+            x = torch.randn(m, 128, dtype=torch.bfloat16)
+            out = torch.full((m, 256), float("nan"), dtype=torch.bfloat16)
+            if packed_copy:
+                ops.linear_packed(out, x, w, packed, None)
+            else:
+                ops.linear_small(out, x, w, None)
+            assert_close(f"kept tiles, {m} rows", out.float(), F.linear(x.float(), w.float()),
+                         torch.bfloat16)
+    finally:
+        torch.set_num_threads(saved)
+
+
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
-@pytest.mark.parametrize("prefetch", ["1", "0", "chunk"])
+@pytest.mark.parametrize("prefetch", ["1", "0", "chunk", "keep"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
 @pytest.mark.parametrize("m", [4, 8, 16, 24])
 @pytest.mark.parametrize("n,k", [(576, 1536), (84, 96), (2048, 576)])
@@ -150,10 +190,12 @@ def test_linear_packed_panels_per_task(amx, prefetch, threads, m, n, k, monkeypa
     tiles either way; 24 rows: AMX's two row groups, or the register tiles with AMX off), with
     the AMX tiles prefetching each thread's next panels (VLLM_CPU_AMX_PREFETCH) or not, or
     also the first 4 KB of its panels at its start (VLLM_CPU_AMX_CHUNK_PREFETCH: less than some
-    threads' panels, all of others')."""
+    threads' panels, all of others'), or keeping each thread's tiles configured between loops
+    (VLLM_CPU_AMX_KEEP_TILES)."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
     monkeypatch.setenv("VLLM_CPU_AMX_PREFETCH", "0" if prefetch == "0" else "1")
     monkeypatch.setenv("VLLM_CPU_AMX_CHUNK_PREFETCH", "4" if prefetch == "chunk" else "0")
+    monkeypatch.setenv("VLLM_CPU_AMX_KEEP_TILES", "1" if prefetch == "keep" else "0")
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
