@@ -75,11 +75,12 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                      "the weights' packed copies), all 1 to 16 (64) (H200 host, a draft step's "
                      "matrices: 0.40-0.89x the AVX512 kernels' time at 8-16 rows, 0.93-1.4x at "
                      "1-4)"),
-    "VLLM_CPU_AMX_PREFETCH": (_one_of("0", "1"), "1",
+    "VLLM_CPU_AMX_PREFETCH": (_one_of("0", "1", "l1"), "1",
                               "the packed AMX tiles prefetch each weight stream two k-steps "
                               "ahead, into the thread's next panels at a pass's end (read by "
-                              "the kernel at each call): 1 (default), 0 off (SmolLM2-135M's batch-"
-                              "8 forward 5.3-5.6% faster on 16-core hosts)"),
+                              "the kernel at each call): 1 (default) into L2, l1 into L1 (not "
+                              "yet measured), 0 off (SmolLM2-135M's batch-8 forward 5.3-5.6% "
+                              "faster with 1 than 0 on 16-core hosts)"),
     "VLLM_CPU_AMX_CHUNK_PREFETCH": (int, 0,
                                     "KB of a thread's panels that the packed AMX tiles "
                                     "prefetch into L2 at its start, before it waits for its "

@@ -92,16 +92,20 @@ int64_t amx_min_rows() {
 }
 
 // VLLM_CPU_AMX_PREFETCH (read at every call): 1 (default) prefetches the packed AMX tiles'
-// weight streams ahead (packed_panels_amx), 0 leaves them to the hardware prefetchers, which
-// restart 3 of a pass's 4 streams at every pass. SmolLM2-135M's batch-8 draft forward, in
+// weight streams ahead into L2 (packed_panels_amx), 0 leaves them to the hardware prefetchers,
+// which restart 3 of a pass's 4 streams at every pass. SmolLM2-135M's batch-8 draft forward, in
 // turns: 0.2-3.4% faster on a 2-core AMX Xeon, 5.3-5.6% on the H200's and an H100's 16-core hosts
 // (its gate/up projection 7-13%); the 20M and 68M drafts' within +-4% (benchmarks/RESULTS.md,
-// twenty-fifth session).
-bool amx_prefetch() {
+// twenty-fifth session). l1: the same lines into L1 (not yet measured): a tile load whose lines
+// wait in L2 may cost more than its multiply (an 8-row draft-20m loop took ~4-5 us a thread for
+// 8-32 KB of panels on the H100 machine's host, the one-row GEMV ~1.8 us for 32 KB of rows).
+enum AmxPrefetch : int { kNoPrefetch = 0, kPrefetchL2 = 1, kPrefetchL1 = 2 };
+int amx_prefetch() {
   const char* v = std::getenv("VLLM_CPU_AMX_PREFETCH");
-  if (v == nullptr || std::string(v) == "1") return true;
-  TORCH_CHECK(std::string(v) == "0", "VLLM_CPU_AMX_PREFETCH must be 0 or 1, got '", v, "'");
-  return false;
+  if (v == nullptr || std::string(v) == "1") return kPrefetchL2;
+  if (std::string(v) == "l1") return kPrefetchL1;
+  TORCH_CHECK(std::string(v) == "0", "VLLM_CPU_AMX_PREFETCH must be 0, 1 or l1, got '", v, "'");
+  return kNoPrefetch;
 }
 
 // VLLM_CPU_AMX_CHUNK_PREFETCH (read at every call): KB of a thread's panels of a packed AMX
@@ -271,7 +275,7 @@ constexpr int64_t kPrefetchSteps = 2;
 // would otherwise find again from their first misses.
 template <int NB>
 inline void prefetch_streams(const c10::BFloat16* packed, int64_t panel, int64_t steps,
-                             int64_t pb, int64_t next_end, int64_t s) {
+                             int64_t pb, int64_t next_end, int64_t s, bool l1) {
   const int64_t ahead = s + kPrefetchSteps;
   const int64_t q0 = ahead < steps ? pb : pb + NB;  // the streams' panels at that k-step
   const int64_t sa = ahead < steps ? ahead : ahead - steps;
@@ -280,7 +284,11 @@ inline void prefetch_streams(const c10::BFloat16* packed, int64_t panel, int64_t
     if (q0 + t >= q_end) break;
     const char* line =
         reinterpret_cast<const char*>(packed + (q0 + t) * panel + sa * kTileK * kPackRows);
-    for (int l = 0; l < 16; ++l) _mm_prefetch(line + 64 * l, _MM_HINT_T1);
+    if (l1) {
+      for (int l = 0; l < 16; ++l) _mm_prefetch(line + 64 * l, _MM_HINT_T0);
+    } else {
+      for (int l = 0; l < 16; ++l) _mm_prefetch(line + 64 * l, _MM_HINT_T1);
+    }
   }
 }
 
@@ -288,11 +296,11 @@ inline void prefetch_streams(const c10::BFloat16* packed, int64_t panel, int64_t
 // operand (m_dim rows x 32 columns per k-step, read in place), the packed panel's k-step the B
 // operand (its 16 column pairs x 16 weight rows are the 1 KB at panel + 512 s: the tile layout
 // itself). C tile t = out[m][16 (pb + t) + n], m_dim rows x 16 fp32, stored to c + 256 t.
-// prefetch (VLLM_CPU_AMX_PREFETCH): each k-step prefetch_streams.
+// prefetch (VLLM_CPU_AMX_PREFETCH: an AmxPrefetch): each k-step prefetch_streams.
 template <int NB>
 VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t ldx,
                                        const c10::BFloat16* packed, int64_t pairs,
-                                       int64_t steps, int64_t pb, bool prefetch,
+                                       int64_t steps, int64_t pb, int prefetch,
                                        int64_t next_end) {
   static_assert(NB >= 1 && NB <= kPackedPanels, "4 accumulator tiles");
   _tile_zero(0);
@@ -302,7 +310,9 @@ VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t
   const c10::BFloat16* b0 = packed + pb * pairs * 2 * kPackRows;
   const int64_t panel = pairs * 2 * kPackRows;  // elements per panel
   for (int64_t s = 0; s < steps; ++s) {
-    if (prefetch) prefetch_streams<NB>(packed, panel, steps, pb, next_end, s);
+    if (prefetch != kNoPrefetch) {
+      prefetch_streams<NB>(packed, panel, steps, pb, next_end, s, prefetch == kPrefetchL1);
+    }
     _tile_loadd(4, x + s * kTileK, ldx * 2);
     const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
     _tile_loadd(5, b, 64);
@@ -333,7 +343,7 @@ VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t
 template <int NB>
 VLLM_AMX_TARGET void packed_panels_amx2(float* c, const c10::BFloat16* x, int64_t ldx,
                                         const c10::BFloat16* packed, int64_t pairs,
-                                        int64_t steps, int64_t pb, bool prefetch,
+                                        int64_t steps, int64_t pb, int prefetch,
                                         int64_t next_end) {
   static_assert(NB == 1 || NB == 2, "2 row groups x 2 panels of accumulator tiles");
   _tile_zero(0);
@@ -346,7 +356,9 @@ VLLM_AMX_TARGET void packed_panels_amx2(float* c, const c10::BFloat16* x, int64_
   const c10::BFloat16* x1 = x + kTileRows * ldx;
   const int64_t panel = pairs * 2 * kPackRows;  // elements per panel
   for (int64_t s = 0; s < steps; ++s) {
-    if (prefetch) prefetch_streams<NB>(packed, panel, steps, pb, next_end, s);
+    if (prefetch != kNoPrefetch) {
+      prefetch_streams<NB>(packed, panel, steps, pb, next_end, s, prefetch == kPrefetchL1);
+    }
     _tile_loadd(4, x + s * kTileK, ldx * 2);
     _tile_loadd(5, x1 + s * kTileK, ldx * 2);
     const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
@@ -516,7 +528,8 @@ class AmxPanels final : public PanelKernel {
   const c10::BFloat16 *packed_, *bias_;
   int64_t m_, n_, pairs_, steps_;
   int groups_;
-  bool prefetch_, keep_tiles_;
+  int prefetch_;
+  bool keep_tiles_;
   int64_t chunk_prefetch_;
 };
 

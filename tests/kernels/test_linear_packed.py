@@ -116,11 +116,11 @@ def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
 
 @pytest.mark.skipif(not cpu_has("amx_bf16"), reason="read by the packed AMX tiles")
 def test_amx_prefetch_setting_is_checked(monkeypatch):
-    """VLLM_CPU_AMX_PREFETCH, read by the packed AMX tiles at each call, takes 0 or 1; anything
-    else is an error naming it."""
+    """VLLM_CPU_AMX_PREFETCH, read by the packed AMX tiles at each call, takes 0, 1 or l1;
+    anything else is an error naming it."""
     monkeypatch.setenv("VLLM_CPU_AMX_PREFETCH", "yes")
     w = torch.randn(64, 64, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX_PREFETCH must be 0 or 1"):
+    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX_PREFETCH must be 0, 1 or l1"):
         ops.linear_packed(torch.empty(8, 64, dtype=torch.bfloat16),
                           torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
 
@@ -179,7 +179,7 @@ def test_kept_tiles_are_reconfigured_where_the_rows_change(threads, monkeypatch)
 
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
-@pytest.mark.parametrize("prefetch", ["1", "0", "chunk", "keep"])
+@pytest.mark.parametrize("prefetch", ["1", "0", "l1", "chunk", "keep"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
 @pytest.mark.parametrize("m", [4, 8, 16, 24])
 @pytest.mark.parametrize("n,k", [(576, 1536), (84, 96), (2048, 576)])
@@ -188,12 +188,12 @@ def test_linear_packed_panels_per_task(amx, prefetch, threads, m, n, k, monkeypa
     fewer, whichever leaves the busiest thread the fewest (36 panels on 16 threads: 1; on 3: the
     most; 6 panels on 3 threads: 2): the same sums at every thread count (4 rows: the AVX512
     tiles either way; 24 rows: AMX's two row groups, or the register tiles with AMX off), with
-    the AMX tiles prefetching each thread's next panels (VLLM_CPU_AMX_PREFETCH) or not, or
-    also the first 4 KB of its panels at its start (VLLM_CPU_AMX_CHUNK_PREFETCH: less than some
-    threads' panels, all of others'), or keeping each thread's tiles configured between loops
-    (VLLM_CPU_AMX_KEEP_TILES)."""
+    the AMX tiles prefetching each thread's next panels into L2 or L1 (VLLM_CPU_AMX_PREFETCH)
+    or not, or also the first 4 KB of its panels at its start (VLLM_CPU_AMX_CHUNK_PREFETCH: less
+    than some threads' panels, all of others'), or keeping each thread's tiles configured
+    between loops (VLLM_CPU_AMX_KEEP_TILES)."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
-    monkeypatch.setenv("VLLM_CPU_AMX_PREFETCH", "0" if prefetch == "0" else "1")
+    monkeypatch.setenv("VLLM_CPU_AMX_PREFETCH", prefetch if prefetch in ("0", "l1") else "1")
     monkeypatch.setenv("VLLM_CPU_AMX_CHUNK_PREFETCH", "4" if prefetch == "chunk" else "0")
     monkeypatch.setenv("VLLM_CPU_AMX_KEEP_TILES", "1" if prefetch == "keep" else "0")
     saved = torch.get_num_threads()
