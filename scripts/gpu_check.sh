@@ -48,20 +48,23 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, from the thirty-seventh session (runs 70-73, RESULTS.md): the bar
-#   (batch 8 at most 1.3x batch 1, held context 16, 16 threads, blocked turns) for draft-20m
-#   read 1.20-1.38 over 12 rounds (median 1.30); llama-68m and SmolLM2 within it. Binding the
-#   threads (OMP_PROC_BIND=close) and prefetching the input rows changed nothing. The
-#   timeline: a batch-8 loop costs ~4-5 us a thread for 8-24 KB of packed panels, against
-#   ~1.8 us for batch 1's 32 KB of rows. Run first (~60 s a round after a ~40 s build), three
-#   rounds of `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused
-#   DRAFT_THREADS=16 DRAFT_FORWARDS=96 DRAFT_SHAPES=draft-20m
-#   DRAFT_SETTINGS="default;cpf32:VLLM_CPU_AMX_CHUNK_PREFETCH=32;cpf128:VLLM_CPU_AMX_CHUNK_PREFETCH=128"
-#   ... draft`: a thread's panels prefetched at its start (default off, unmeasured), and
-#   `python3 -m pytest tests/kernels/test_linear_packed.py -k "chunk or panels"` on that host
-#   (the setting's only AMX test). Then a round of all three shapes with the best setting,
-#   and `... gap` (~30 s): if 8 rows over 1 grows with the gap under AMX and not under
-#   VLLM_CPU_AMX=0, the tiles pay a wake-up on each return after idle time.
+#   (the next lease's plan, from the thirty-seventh and thirty-eighth sessions (runs 70-73,
+#   RESULTS.md; the thirty-eighth got no machine in nine tries): the bar (batch 8 at most 1.3x
+#   batch 1, held context 16, 16 threads, blocked turns) for draft-20m read 1.20-1.38 over 12
+#   rounds (median 1.30); llama-68m and SmolLM2 within it. Binding the threads
+#   (OMP_PROC_BIND=close) and prefetching the input rows changed nothing. The timeline: a
+#   batch-8 loop costs ~4-5 us a thread for 8-32 KB of packed panels, against ~1.8 us for batch
+#   1's 32 KB of rows. Run first (~70 s a round after a ~40 s build), three rounds of
+#   `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=16
+#   DRAFT_FORWARDS=96 DRAFT_SHAPES=draft-20m
+#   DRAFT_SETTINGS="default;keep:VLLM_CPU_AMX_KEEP_TILES=1;l1:VLLM_CPU_AMX_PREFETCH=l1;cpf32:VLLM_CPU_AMX_CHUNK_PREFETCH=32"
+#   ... draft` (three switches, each default off and never measured: the tiles kept configured
+#   between loops, the weight streams prefetched into L1, a thread's first panels prefetched at
+#   its start), and `python3 -m pytest tests/kernels/test_linear_packed.py -k "chunk or panels
+#   or keep or prefetch"` on that host (their only AMX tests). Then a round of all three shapes
+#   with the best setting, and `... gap` (~30 s; again with VLLM_CPU_AMX_KEEP_TILES=1): if 8
+#   rows over 1 grows with the gap under AMX and not under VLLM_CPU_AMX=0, the tiles pay a
+#   wake-up on each return after idle time. Remove the switches that show no gain.
 #   The controller on the GPU pair (run 70, 2 rounds): 3.00x plain against 3.41x for fixed k = 6
 #   ahead, with the same k chosen (k = 6 in 331 of 353 steps) and every phase slower; rerun
 #   with PAIR_ROUNDS=3 before reading it as the controller's.

@@ -115,35 +115,19 @@ def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
 
 
 @pytest.mark.skipif(not cpu_has("amx_bf16"), reason="read by the packed AMX tiles")
-def test_amx_prefetch_setting_is_checked(monkeypatch):
-    """VLLM_CPU_AMX_PREFETCH, read by the packed AMX tiles at each call, takes 0, 1 or l1;
-    anything else is an error naming it."""
-    monkeypatch.setenv("VLLM_CPU_AMX_PREFETCH", "yes")
+@pytest.mark.parametrize("name,value,message", [
+    ("VLLM_CPU_AMX_PREFETCH", "yes", "must be 0, 1 or l1"),
+    ("VLLM_CPU_AMX_KEEP_TILES", "yes", "must be 0 or 1"),
+    *[("VLLM_CPU_AMX_CHUNK_PREFETCH", v, "must be a number of KB from 0 to 4096")
+      for v in ("on", "-1", "4097", "8k")],
+])
+def test_amx_settings_are_checked(name, value, message, monkeypatch):
+    """The packed AMX tiles' settings, read at each call: VLLM_CPU_AMX_PREFETCH takes 0, 1 or
+    l1, VLLM_CPU_AMX_KEEP_TILES 0 or 1, VLLM_CPU_AMX_CHUNK_PREFETCH a number of KB from 0 to
+    4096; anything else is an error naming the setting."""
+    monkeypatch.setenv(name, value)
     w = torch.randn(64, 64, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX_PREFETCH must be 0, 1 or l1"):
-        ops.linear_packed(torch.empty(8, 64, dtype=torch.bfloat16),
-                          torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
-
-
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="read by the packed AMX tiles")
-@pytest.mark.parametrize("value", ["on", "-1", "4097", "8k"])
-def test_amx_chunk_prefetch_setting_is_checked(value, monkeypatch):
-    """VLLM_CPU_AMX_CHUNK_PREFETCH, read by the packed AMX tiles at each call, is a number of
-    KB from 0 to 4096; anything else is an error naming it."""
-    monkeypatch.setenv("VLLM_CPU_AMX_CHUNK_PREFETCH", value)
-    w = torch.randn(64, 64, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX_CHUNK_PREFETCH must be a number"):
-        ops.linear_packed(torch.empty(8, 64, dtype=torch.bfloat16),
-                          torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
-
-
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="read by the packed AMX tiles")
-def test_amx_keep_tiles_setting_is_checked(monkeypatch):
-    """VLLM_CPU_AMX_KEEP_TILES, read by the packed AMX tiles at each call, takes 0 or 1;
-    anything else is an error naming it."""
-    monkeypatch.setenv("VLLM_CPU_AMX_KEEP_TILES", "yes")
-    w = torch.randn(64, 64, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="VLLM_CPU_AMX_KEEP_TILES must be 0 or 1"):
+    with pytest.raises(RuntimeError, match=f"{name} {message}"):
         ops.linear_packed(torch.empty(8, 64, dtype=torch.bfloat16),
                           torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
 
