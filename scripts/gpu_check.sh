@@ -49,7 +49,7 @@
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
 #   (the next lease's plan, from the thirty-seventh and thirty-eighth sessions (runs 70-73,
-#   RESULTS.md; the thirty-eighth got no machine in nine tries): the bar (batch 8 at most 1.3x
+#   RESULTS.md; the thirty-eighth got no machine in eleven tries): the bar (batch 8 at most 1.3x
 #   batch 1, held context 16, 16 threads, blocked turns) for draft-20m read 1.20-1.38 over 12
 #   rounds (median 1.30); llama-68m and SmolLM2 within it. Binding the threads
 #   (OMP_PROC_BIND=close) and prefetching the input rows changed nothing. The timeline: a
