@@ -53,7 +53,7 @@
 #   batch 1, held context 16, 16 threads, blocked turns) for draft-20m read 1.20-1.38 over 12
 #   rounds (median 1.30); llama-68m and SmolLM2 within it. Binding the threads
 #   (OMP_PROC_BIND=close) and prefetching the input rows changed nothing. The timeline: a
-#   batch-8 loop costs ~4-5 us a thread for 8-32 KB of packed panels, against ~1.8 us for batch
+#   batch-8 loop costs ~4-5 us a thread for 24-48 KB of packed panels, against ~1.8 us for batch
 #   1's 32 KB of rows. Run first (~70 s a round after a ~40 s build), three rounds of
 #   `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=16
 #   DRAFT_FORWARDS=96 DRAFT_SHAPES=draft-20m

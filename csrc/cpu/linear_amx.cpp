@@ -98,7 +98,7 @@ int64_t amx_min_rows() {
 // (its gate/up projection 7-13%); the 20M and 68M drafts' within +-4% (benchmarks/RESULTS.md,
 // twenty-fifth session). l1: the same lines into L1 (not yet measured): a tile load whose lines
 // wait in L2 may cost more than its multiply (an 8-row draft-20m loop took ~4-5 us a thread for
-// 8-32 KB of panels on the H100 machine's host, the one-row GEMV ~1.8 us for 32 KB of rows).
+// 24-48 KB of panels on the H100 machine's host, the one-row GEMV ~1.8 us for 32 KB of rows).
 enum AmxPrefetch : int { kNoPrefetch = 0, kPrefetchL2 = 1, kPrefetchL1 = 2 };
 int amx_prefetch() {
   const char* v = std::getenv("VLLM_CPU_AMX_PREFETCH");
@@ -112,7 +112,7 @@ int amx_prefetch() {
 // linear that it prefetches into L2 at its start, all their lines at once, before it waits for
 // its input rows (a folded norm's); 0 (default) none: the k-steps' own prefetches (two ahead)
 // and the hardware's find them. Why it may pay: on the H100 machine's 16-core host a batch-8
-// draft-20m linear took ~4-5 us a loop a thread for 8-24 KB of panels, the batch-1 GEMV ~1.8 us
+// draft-20m linear took ~4-5 us a loop a thread for 24-48 KB of panels, the batch-1 GEMV ~1.8 us
 // for 32 KB of rows (run 72's timeline): a chain of k-steps, each waiting on memory. Prefetching
 // the input rows instead measured nothing (run 73).
 int64_t amx_chunk_prefetch_bytes() {
@@ -131,7 +131,7 @@ int64_t amx_chunk_prefetch_bytes() {
 // configures at each loop's start and releases at its end. Why it may pay: a released tile
 // state is the INIT state, in which the core may power the tile unit down between a step's
 // loops; on the H100 machine's 16-core host a batch-8 draft-20m loop took each thread ~4-5 us
-// for 8-24 KB of panels (RESULTS.md, thirty-seventh session). Not yet measured.
+// for 24-48 KB of panels (RESULTS.md, thirty-seventh session). Not yet measured.
 bool amx_keep_tiles() {
   const char* v = std::getenv("VLLM_CPU_AMX_KEEP_TILES");
   if (v == nullptr || std::string(v) == "0") return false;
