@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/switches.h"
 #include "cpu/team.h"
 #endif
 
@@ -132,12 +133,7 @@ int64_t amx_chunk_prefetch_bytes() {
 // state is the INIT state, in which the core may power the tile unit down between a step's
 // loops; on the H100 machine's 16-core host a batch-8 draft-20m loop took each thread ~4-5 us
 // for 24-48 KB of panels (RESULTS.md, thirty-seventh session). Not yet measured.
-bool amx_keep_tiles() {
-  const char* v = std::getenv("VLLM_CPU_AMX_KEEP_TILES");
-  if (v == nullptr || std::string(v) == "0") return false;
-  TORCH_CHECK(std::string(v) == "1", "VLLM_CPU_AMX_KEEP_TILES must be 0 or 1, got '", v, "'");
-  return true;
-}
+bool amx_keep_tiles() { return switched_on("VLLM_CPU_AMX_KEEP_TILES", false); }
 
 // Tiles 0 .. 7 of rows[t] rows of 64 bytes each (0: unused). keep: not where the thread's tiles
 // are configured so already.
