@@ -81,11 +81,10 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                               "the kernel at each call): 1 (default) into L2, l1 into L1 (not "
                               "yet measured), 0 off (SmolLM2-135M's batch-8 forward 5.3-5.6% "
                               "faster with 1 than 0 on 16-core hosts)"),
-    "VLLM_CPU_AMX_CHUNK_PREFETCH": (int, 0,
-                                    "KB of a thread's panels that the packed AMX tiles "
-                                    "prefetch into L2 at its start, before it waits for its "
-                                    "input rows (read by the kernel at each call); 0 (default) "
-                                    "none (not yet measured)"),
+    "VLLM_CPU_PACKED_GRAIN_KB": (int, 32,
+                                 "KB of weights a thread takes at least of a packed linear's "
+                                 "loop (read by the kernel at each call; 1 to 4096, default "
+                                 "32): less spreads a small matrix over more threads"),
     "VLLM_CPU_AMX_KEEP_TILES": (_one_of("0", "1"), "0",
                                 "1 leaves a packed AMX linear's threads with their tiles "
                                 "configured between loops (no tilerelease; ldtilecfg only where "

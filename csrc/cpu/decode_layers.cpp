@@ -54,15 +54,9 @@ constexpr int64_t kSplitElems = 2048;
 class SmallOpSplit {
  public:
   SmallOpSplit() : saved_(small_op_min_elems()) {
-    const char* v = std::getenv("VLLM_CPU_DECODE_SPLIT_ELEMS");
-    int64_t elems = kSplitElems;
-    if (v != nullptr) {
-      char* end = nullptr;
-      elems = std::strtoll(v, &end, 10);
-      TORCH_CHECK(end != v && *end == '\0' && elems >= 0,
-                  "VLLM_CPU_DECODE_SPLIT_ELEMS must be a count of elements (0: off), got '", v,
-                  "'");
-    }
+    const int64_t elems =
+        setting_number("VLLM_CPU_DECODE_SPLIT_ELEMS", kSplitElems, 0, INT64_MAX,
+                       "a count of elements (0: off)");
     if (elems > 0) small_op_min_elems() = elems;
   }
   ~SmallOpSplit() { small_op_min_elems() = saved_; }

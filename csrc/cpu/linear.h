@@ -118,17 +118,15 @@ class PanelKernel {
   explicit PanelKernel(int64_t most) : most(most) {}
   virtual ~PanelKernel() = default;
   virtual void begin() const {}
-  // At a thread's start, before its input rows are read (a folded norm may wait for them): its
-  // panels [pb, pb_end), a stretch of the packed copy.
-  virtual void prefetch_panels(int64_t pb, int64_t pb_end) const {}
   virtual void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
                    int64_t next_end) const = 0;
   virtual void end() const {}
   const int64_t most;
 };
 // A packed linear of n_dim outputs and k_dim inputs as one parallel loop over tasks of panels
-// (panels_per_task; at least ~32 KB of weights a thread), each thread's input rows from fold
-// where given; with a paired fold, task i computes the same panels of both halves of out.
+// (panels_per_task; at least VLLM_CPU_PACKED_GRAIN_KB, default 32, of weights a thread), each
+// thread's input rows from fold where given; with a paired fold, task i computes the same
+// panels of both halves of out.
 void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, int64_t n_dim,
                 int64_t k_dim, const LinearFold* fold);
 

@@ -109,23 +109,6 @@ int amx_prefetch() {
   return kNoPrefetch;
 }
 
-// VLLM_CPU_AMX_CHUNK_PREFETCH (read at every call): KB of a thread's panels of a packed AMX
-// linear that it prefetches into L2 at its start, all their lines at once, before it waits for
-// its input rows (a folded norm's); 0 (default) none: the k-steps' own prefetches (two ahead)
-// and the hardware's find them. Why it may pay: on the H100 machine's 16-core host a batch-8
-// draft-20m linear took ~4-5 us a loop a thread for 24-48 KB of panels, the batch-1 GEMV ~1.8 us
-// for 32 KB of rows (run 72's timeline): a chain of k-steps, each waiting on memory. Prefetching
-// the input rows instead measured nothing (run 73).
-int64_t amx_chunk_prefetch_bytes() {
-  const char* v = std::getenv("VLLM_CPU_AMX_CHUNK_PREFETCH");
-  if (v == nullptr) return 0;
-  char* end = nullptr;
-  const long kb = std::strtol(v, &end, 10);
-  TORCH_CHECK(end != v && *end == '\0' && kb >= 0 && kb <= 4096,
-              "VLLM_CPU_AMX_CHUNK_PREFETCH must be a number of KB from 0 to 4096, got '", v, "'");
-  return int64_t{kb} << 10;
-}
-
 // VLLM_CPU_AMX_KEEP_TILES (read at every call): 1 leaves a packed AMX linear's thread with its
 // tiles configured after its loop (no tilerelease), and its next loop skips ldtilecfg where the
 // thread's configuration (read back with sttilecfg) is already the one it wants; 0 (default)
@@ -454,17 +437,7 @@ class AmxPanels final : public PanelKernel {
         out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim), n_(n_dim),
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),
-        prefetch_(amx_prefetch()), keep_tiles_(amx_keep_tiles()),
-        chunk_prefetch_(amx_chunk_prefetch_bytes()) {}
-
-  // The first chunk_prefetch_ bytes of the panels, line by line, into L2.
-  void prefetch_panels(int64_t pb, int64_t pb_end) const override {
-    if (chunk_prefetch_ == 0 || pb >= pb_end) return;
-    const int64_t panel_bytes = pairs_ * 2 * kPackRows * 2;
-    const char* first = reinterpret_cast<const char*>(packed_ + pb * pairs_ * 2 * kPackRows);
-    const int64_t bytes = std::min(chunk_prefetch_, (pb_end - pb) * panel_bytes);
-    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(first + b, _MM_HINT_T1);
-  }
+        prefetch_(amx_prefetch()), keep_tiles_(amx_keep_tiles()) {}
 
   void begin() const override {
     if (m_ <= kMaxRows) {
@@ -526,7 +499,6 @@ class AmxPanels final : public PanelKernel {
   int groups_;
   int prefetch_;
   bool keep_tiles_;
-  int64_t chunk_prefetch_;
 };
 
 }  // namespace

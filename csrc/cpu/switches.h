@@ -19,10 +19,12 @@
 //     on register tiles (linear.cpp's tile_avx512); 0: the GEMV's passes (row_all).
 //   VLLM_CPU_FOLD_SHARE: a folded norm's rows normalised once, shared by its linear's threads
 //     (each claims rows, then waits for all; layer_folds.h); 0: each thread all rows for itself.
+// setting_number reads the numeric ones (VLLM_CPU_DECODE_SPLIT_ELEMS, VLLM_CPU_PACKED_GRAIN_KB).
 #pragma once
 
 #include <torch/all.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -34,6 +36,19 @@ inline bool switched_on(const char* name, bool by_default = true) {
   if (std::strcmp(v, "1") == 0) return true;
   TORCH_CHECK(std::strcmp(v, "0") == 0, name, " must be 0 or 1, got '", v, "'");
   return false;
+}
+
+// A whole-number setting, read at every call: by_default where unset, else a number from lo to
+// hi; anything else is an error naming the setting and what it must be (`must_be`).
+inline int64_t setting_number(const char* name, int64_t by_default, int64_t lo, int64_t hi,
+                              const char* must_be) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return by_default;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  TORCH_CHECK(end != v && *end == '\0' && n >= lo && n <= hi, name, " must be ", must_be,
+              ", got '", v, "'");
+  return n;
 }
 
 }  // namespace vllm_cpu

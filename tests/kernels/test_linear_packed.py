@@ -118,18 +118,29 @@ def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
 @pytest.mark.parametrize("name,value,message", [
     ("VLLM_CPU_AMX_PREFETCH", "yes", "must be 0, 1 or l1"),
     ("VLLM_CPU_AMX_KEEP_TILES", "yes", "must be 0 or 1"),
-    *[("VLLM_CPU_AMX_CHUNK_PREFETCH", v, "must be a number of KB from 0 to 4096")
-      for v in ("on", "-1", "4097", "8k")],
 ])
 def test_amx_settings_are_checked(name, value, message, monkeypatch):
     """The packed AMX tiles' settings, read at each call: VLLM_CPU_AMX_PREFETCH takes 0, 1 or
-    l1, VLLM_CPU_AMX_KEEP_TILES 0 or 1, VLLM_CPU_AMX_CHUNK_PREFETCH a number of KB from 0 to
-    4096; anything else is an error naming the setting."""
+    l1, VLLM_CPU_AMX_KEEP_TILES 0 or 1; anything else is an error naming the setting."""
     monkeypatch.setenv(name, value)
+    check_packed_setting_error(name, message)
+
+
+def check_packed_setting_error(name: str, message: str) -> None:
+    """An 8-row linear on a packed copy raises `name message`."""
     w = torch.randn(64, 64, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match=f"{name} {message}"):
         ops.linear_packed(torch.empty(8, 64, dtype=torch.bfloat16),
                           torch.randn(8, 64, dtype=torch.bfloat16), w, ops.pack_linear(w), None)
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("value", ["0", "4097", "-1", "8k", "lots"])
+def test_packed_grain_is_checked(value, monkeypatch):
+    """VLLM_CPU_PACKED_GRAIN_KB (read by every packed linear's loop) takes a number of KB from 1
+    to 4096; anything else is an error naming the setting."""
+    monkeypatch.setenv("VLLM_CPU_PACKED_GRAIN_KB", value)
+    check_packed_setting_error("VLLM_CPU_PACKED_GRAIN_KB", "must be a number of KB from 1 to 4096")
 
 
 @pytest.mark.skipif(not cpu_has("amx_bf16"), reason="the tiles are kept on AMX only")
@@ -163,22 +174,23 @@ def test_kept_tiles_are_reconfigured_where_the_rows_change(threads, monkeypatch)
 
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
-@pytest.mark.parametrize("prefetch", ["1", "0", "l1", "chunk", "keep"])
+@pytest.mark.parametrize("prefetch", ["1", "0", "l1", "grain", "keep"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
 @pytest.mark.parametrize("m", [4, 8, 16, 24])
-@pytest.mark.parametrize("n,k", [(576, 1536), (84, 96), (2048, 576)])
+@pytest.mark.parametrize("n,k", [(576, 1536), (84, 96), (2048, 576), (256, 256)])
 def test_linear_packed_panels_per_task(amx, prefetch, threads, m, n, k, monkeypatch):
     """A task takes the most panels (AMX 4, or 2 at 17-32 rows; the packed AVX512 tiles 2) or
     fewer, whichever leaves the busiest thread the fewest (36 panels on 16 threads: 1; on 3: the
-    most; 6 panels on 3 threads: 2): the same sums at every thread count (4 rows: the AVX512
+    most; 6 panels on 3 threads: 2; 256 x 256, draft-20m's o: 16 panels of 8 KB, 4 threads'
+    share at 32 KB a thread, every thread's at 1): the same sums at every thread count (4 rows: the AVX512
     tiles either way; 24 rows: AMX's two row groups, or the register tiles with AMX off), with
     the AMX tiles prefetching each thread's next panels into L2 or L1 (VLLM_CPU_AMX_PREFETCH)
-    or not, or also the first 4 KB of its panels at its start (VLLM_CPU_AMX_CHUNK_PREFETCH: less
-    than some threads' panels, all of others'), or keeping each thread's tiles configured
-    between loops (VLLM_CPU_AMX_KEEP_TILES)."""
+    or not, or keeping each thread's tiles configured between loops (VLLM_CPU_AMX_KEEP_TILES),
+    or each thread's share at least 1 KB of weights instead of 32 (VLLM_CPU_PACKED_GRAIN_KB:
+    every task its own chunk where threads allow)."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
     monkeypatch.setenv("VLLM_CPU_AMX_PREFETCH", prefetch if prefetch in ("0", "l1") else "1")
-    monkeypatch.setenv("VLLM_CPU_AMX_CHUNK_PREFETCH", "4" if prefetch == "chunk" else "0")
+    monkeypatch.setenv("VLLM_CPU_PACKED_GRAIN_KB", "1" if prefetch == "grain" else "32")
     monkeypatch.setenv("VLLM_CPU_AMX_KEEP_TILES", "1" if prefetch == "keep" else "0")
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
