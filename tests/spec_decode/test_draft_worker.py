@@ -239,3 +239,31 @@ def test_a_greedy_proposal_is_one_native_call_timing_its_first_forward(spec_targ
     worker.propose(reqs, [2, 5]).result()
     assert calls == [2, 3]
     assert step_ms[1] is None  # only the first call's steps are timed
+
+
+def test_kept_block_table_follows_the_batch_and_its_blocks(spec_target, spec_draft):
+    """The block table a greedy call reads is kept between proposals for the same sequences:
+    it must equal a fresh table after a sequence gains a block, and after the batch changes
+    (another order, a sequence fewer, a sequence freed and made again under its id)."""
+    from vllm.worker.model_runner import block_tables_tensor
+    worker = make_proposer(spec_target, spec_draft)
+    reqs = [Request(f"r{i}", None, list(range(10 + i, 20 + 3 * i)),
+                    SamplingParams(temperature=0.0), None) for i in range(3)]
+    worker.propose(reqs, [2, 2, 2]).result()
+
+    def check(ids):
+        seqs = [worker.seqs[i] for i in ids]
+        table = worker._block_table(seqs)
+        assert table.tolist() == block_tables_tensor(seqs).tolist()
+        return table
+
+    first = check(["r0", "r1", "r2"])
+    assert check(["r0", "r1", "r2"]) is first  # kept
+    seq = worker.seqs["r1"]
+    assert worker.block_manager.grow(seq.block_ids, len(seq.block_ids) * 16 + 1)
+    assert check(["r0", "r1", "r2"]) is not first  # r1's new block read
+    check(["r2", "r0", "r1"])
+    check(["r0", "r2"])
+    worker.free("r2")
+    worker.propose([reqs[2]], [2]).result()  # r2 again: a new sequence and new blocks
+    check(["r0", "r1", "r2"])

@@ -106,6 +106,8 @@ class DraftModelProposer(Proposer):
         # plain-greedy one-token steps in one native call each run (None: not a CPU Llama draft)
         self.greedy_step = cpu_decode.GreedyStep.build(self.runner.model, self.runner.kv_caches)
         self._step_ms_kept: dict[int, torch.Tensor] = {}  # _step_ms's
+        # _block_table's: (the sequences, their block counts, their table)
+        self._table_kept: Optional[tuple[list, list[int], torch.Tensor]] = None
         self.num_threads = torch.get_num_threads()
         if self.config.device.type == "cpu" and (owns_process
                                                  or target_config.device.type != "cpu"):
@@ -172,14 +174,14 @@ class DraftModelProposer(Proposer):
                 ks.append(k)
         drafts, probs, first_forward_s = self._draft(active, ks)
         for req_id, tokens in ready.items():
-            drafts[req_id], probs[req_id] = tokens, [None] * len(tokens)
+            drafts[req_id] = tokens
         self.last_drafted = [(r, len(drafts[r.req_id])) for r in requests if r.req_id in drafts]
         result = Proposal()
         for req in requests:
             d = drafts.get(req.req_id, [])
             result.draft_token_ids.append(d)
-            p = probs.get(req.req_id, [])
-            result.draft_probs.append(torch.stack(p) if d and p[0] is not None else None)
+            p = probs.get(req.req_id)  # (none for greedy drafts)
+            result.draft_probs.append(torch.stack(p) if d and p and p[0] is not None else None)
         result.seconds = time.perf_counter() - start
         result.first_forward_seconds = first_forward_s
         result.from_ahead = [i for i, r in enumerate(requests) if r.req_id in ready]
@@ -196,7 +198,7 @@ class DraftModelProposer(Proposer):
         was a call of its own: at batch 1 on a 16-core host, ~0.05 ms of a small draft's
         ~0.23 ms forwards were the Python and the team's start around its calls."""
         drafts = {r.req_id: [] for r in reqs}
-        probs = {r.req_id: [] for r in reqs}
+        probs: dict[str, list] = {}  # the model path's draws' distributions, or Nones
         first_forward_s = 0.0
         greedy = (self.greedy_step is not None and envs.VLLM_CPU_GREEDY_STEP == "1"
                   and all(r.sampling_params.is_plain_greedy for r in reqs))
@@ -214,7 +216,6 @@ class DraftModelProposer(Proposer):
                     seq.num_computed_tokens = len(seq.token_ids) - 1 + steps
                     seq.token_ids.extend(tokens)
                     drafts[req.req_id].extend(tokens)
-                    probs[req.req_id].extend([None] * steps)
             else:
                 steps = 1
                 self._model_step(live, drafts, probs)
@@ -252,7 +253,7 @@ class DraftModelProposer(Proposer):
             seq.num_computed_tokens += n
             seq.token_ids.append(tok)
             drafts[req.req_id].append(tok)
-            probs[req.req_id].append(p)
+            probs.setdefault(req.req_id, []).append(p)
 
     def _greedy_steps(self, seqs: list[DraftSequence], steps: int,
                       step_ms: Optional[torch.Tensor] = None) -> Optional[list[list[int]]]:
@@ -269,16 +270,32 @@ class DraftModelProposer(Proposer):
         fed = [len(s.token_ids) - s.num_computed_tokens for s in seqs]
         if min(fed) < 1 or sum(fed) > cpu_decode.MAX_ROWS:  # (a prefill: the model path)
             return None
-        ids = [t for s in seqs for t in s.token_ids[s.num_computed_tokens:]]
-        positions = [p for s in seqs for p in range(s.num_computed_tokens, len(s.token_ids))]
         starts = None
-        if len(ids) != len(seqs):
+        if sum(fed) == len(seqs):  # one token a sequence: its last, whose KV is missing
+            ids = [s.token_ids[-1] for s in seqs]
+            positions = [s.num_computed_tokens for s in seqs]
+        else:
+            ids = [t for s in seqs for t in s.token_ids[s.num_computed_tokens:]]
+            positions = [p for s in seqs for p in range(s.num_computed_tokens,
+                                                        len(s.token_ids))]
             starts = int_tensor([0] + list(itertools.accumulate(fed)), torch.int32)
         tokens = self.greedy_step(int_tensor(ids), int_tensor(positions),
-                                  block_tables_tensor(seqs), steps, starts,
+                                  self._block_table(seqs), steps, starts,
                                   step_ms if step_ms is None or len(step_ms) == steps
                                   else step_ms[:steps])
         return None if tokens is None else tokens.tolist()
+
+    def _block_table(self, seqs: list[DraftSequence]) -> torch.Tensor:
+        """block_tables_tensor(seqs), kept while the same sequences (the same objects, held
+        here) have as many blocks each: a sequence's blocks only grow (BlockManager.grow), and
+        a freed one leaves self.seqs for good. Successive proposals for one batch then skip
+        the table's numpy rows, one a sequence (~1 us each, warm)."""
+        lengths = [len(s.block_ids) for s in seqs]
+        kept = self._table_kept
+        if (kept is None or len(kept[0]) != len(seqs) or kept[1] != lengths
+                or any(a is not b for a, b in zip(kept[0], seqs))):
+            kept = self._table_kept = (list(seqs), lengths, block_tables_tensor(seqs))
+        return kept[2]
 
     @torch.inference_mode()
     def feed(self, requests: list[Request]) -> None:
@@ -413,6 +430,7 @@ class DraftModelProposer(Proposer):
 
     def free(self, req_id: str) -> None:
         self.ahead.pop(req_id, None)
+        self._table_kept = None  # (holds the sequences)
         seq = self.seqs.pop(req_id, None)
         self.generators.pop(req_id, None)
         if seq is not None and seq.block_ids:
