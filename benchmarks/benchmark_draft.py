@@ -26,7 +26,9 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
+import types
 
 
 # torch's CPU allocations on huge pages, as in the engine's own processes (vllm/huge_pages.py)
@@ -63,6 +65,19 @@ def make_draft(args, model: str, dtype: str) -> DraftModelProposer:
                              speculative_draft_threads=1)
     config = resolve_config(engine_args.create_engine_config())
     return DraftModelProposer(config, get_tokenizer(config.model_config))
+
+
+def shape_draft(shape: str, threads: int, context: int, steps: int) -> DraftModelProposer:
+    """A draft worker of a benchmarks/model_shapes.py shape (dummy bf16 weights, in a temporary
+    folder) for the labs' held batches of 1 and 8 sequences, at `threads` threads."""
+    from benchmarks.model_shapes import write_shape_dir
+    model = os.path.join(tempfile.mkdtemp(), shape)
+    write_shape_dir(shape, model)
+    args = types.SimpleNamespace(load_format="dummy", context=context, num_forwards=64,
+                                 steps=steps, settings="default", batch_sizes=[1, 8])
+    draft = make_draft(args, model, "bfloat16")
+    torch.set_num_threads(threads)  # after the draft's own start-up pick
+    return draft
 
 
 def parse_settings(text: str) -> list[tuple[str, dict]]:

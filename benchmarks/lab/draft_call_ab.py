@@ -20,8 +20,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-from benchmarks.benchmark_draft import hold_context, make_draft  # noqa: E402
-from benchmarks.model_shapes import write_shape_dir  # noqa: E402
+from benchmarks.benchmark_draft import hold_context, shape_draft  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.core.request import Request  # noqa: E402
 
@@ -50,12 +49,7 @@ def main() -> None:
     shape = sys.argv[2] if len(sys.argv) > 2 else "draft-20m"
     threads = int(sys.argv[3]) if len(sys.argv) > 3 else 2
     calls = int(sys.argv[4]) if len(sys.argv) > 4 else 1200
-    model = os.path.join(tempfile.mkdtemp(), shape)
-    write_shape_dir(shape, model)
-    args = types.SimpleNamespace(load_format="dummy", context=CONTEXT, num_forwards=64,
-                                 steps=STEPS, settings="default", batch_sizes=[1, 8])
-    draft = make_draft(args, model, "bfloat16")
-    torch.set_num_threads(threads)
+    draft = shape_draft(shape, threads, CONTEXT, STEPS)
     old_class = worker_at(rev).DraftModelProposer
     if not hasattr(draft, "_table_kept"):
         draft._table_kept = None

@@ -9,16 +9,13 @@ is the call's arguments and its read-back, and "_draft outside _greedy_steps" th
 import os
 import statistics
 import sys
-import tempfile
 import time
-import types
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-from benchmarks.benchmark_draft import hold_context, make_draft  # noqa: E402
-from benchmarks.model_shapes import write_shape_dir  # noqa: E402
+from benchmarks.benchmark_draft import hold_context, shape_draft  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.core.request import Request  # noqa: E402
 
@@ -39,12 +36,7 @@ def main() -> None:
     shape = sys.argv[1] if len(sys.argv) > 1 else "draft-20m"
     threads = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     calls = int(sys.argv[3]) if len(sys.argv) > 3 else 300
-    model = os.path.join(tempfile.mkdtemp(), shape)
-    write_shape_dir(shape, model)
-    args = types.SimpleNamespace(load_format="dummy", context=CONTEXT, num_forwards=64,
-                                 steps=STEPS, settings="default", batch_sizes=[1, 8])
-    draft = make_draft(args, model, "bfloat16")
-    torch.set_num_threads(threads)
+    draft = shape_draft(shape, threads, CONTEXT, STEPS)
     marks = {"native": [], "greedy_steps": [], "draft": []}
     draft.greedy_step = timed(draft.greedy_step, marks["native"])
     draft._greedy_steps = timed(draft._greedy_steps, marks["greedy_steps"])
