@@ -48,17 +48,19 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, from the thirty-ninth session (run 75 on an H100 machine's host,
+#   (the next lease's plan, from the thirty-ninth session (runs 75-78 on an H100 machine's host,
 #   RESULTS.md): the bar (batch 8 at most 1.3x batch 1, held context 16, 16 threads, blocked
-#   turns) for draft-20m read 1.42-1.44 there (runs 70-73, another host: median 1.30);
-#   VLLM_CPU_AMX_PREFETCH=l1 0.96-0.97x default's batch-8 time, kept tiles 0.98-0.99x. Run
-#   three rounds of `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused
-#   DRAFT_THREADS=16 DRAFT_FORWARDS=96 DRAFT_SHAPES=draft-20m
-#   DRAFT_SETTINGS="default;l1:VLLM_CPU_AMX_PREFETCH=l1;g8:VLLM_CPU_PACKED_GRAIN_KB=8;g16:VLLM_CPU_PACKED_GRAIN_KB=16;l1g8k:VLLM_CPU_AMX_PREFETCH=l1,VLLM_CPU_PACKED_GRAIN_KB=8,VLLM_CPU_AMX_KEEP_TILES=1"
-#   ... draft` (a smaller grain spreads draft-20m's batch-8 qkv over 16 threads instead of 12
-#   and its o over 16 or 8 instead of 4) and `python3 -m pytest tests/kernels/test_linear_packed.py`
-#   on that host (its AMX and AVX512_BF16 tests skip elsewhere); make the winners the defaults,
-#   then a round of all three shapes.
+#   turns) for draft-20m read 1.42-1.47 with the old defaults there and 1.31-1.36 with the new
+#   ones (VLLM_CPU_AMX_PREFETCH=l1, VLLM_CPU_PACKED_GRAIN_KB=8, VLLM_CPU_AMX_KEEP_TILES=1); on
+#   the host of runs 70-73 the old defaults read a median 1.30. Run three rounds of
+#   `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=16
+#   DRAFT_FORWARDS=96 DRAFT_SHAPES="draft-20m llama-68m smollm2-135m"
+#   DRAFT_SETTINGS="default;old:VLLM_CPU_AMX_PREFETCH=1,VLLM_CPU_PACKED_GRAIN_KB=32,VLLM_CPU_AMX_KEEP_TILES=0"
+#   ... draft` and `python3 -m pytest tests/kernels/test_linear_packed.py` (its AMX and
+#   AVX512_BF16 tests skip elsewhere). What is left of batch 8's extra time is a fixed ~5 us a
+#   loop a thread (o's time did not move when its 128 KB went from 4 threads to 16), and ~12
+#   us a forward of the draft call's Python that grows with the batch
+#   (benchmarks/lab/draft_call_ab.py).
 #   The controller on the GPU pair (run 70, 2 rounds): 3.00x plain against 3.41x for fixed k = 6
 #   ahead, with the same k chosen (k = 6 in 331 of 353 steps) and every phase slower; rerun
 #   with PAIR_ROUNDS=3 before reading it as the controller's.

@@ -75,22 +75,24 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                      "the weights' packed copies), all 1 to 16 (64) (H200 host, a draft step's "
                      "matrices: 0.40-0.89x the AVX512 kernels' time at 8-16 rows, 0.93-1.4x at "
                      "1-4)"),
-    "VLLM_CPU_AMX_PREFETCH": (_one_of("0", "1", "l1"), "1",
+    "VLLM_CPU_AMX_PREFETCH": (_one_of("0", "1", "l1"), "l1",
                               "the packed AMX tiles prefetch each weight stream two k-steps "
                               "ahead, into the thread's next panels at a pass's end (read by "
-                              "the kernel at each call): 1 (default) into L2, l1 into L1 (not "
-                              "yet measured), 0 off (SmolLM2-135M's batch-8 forward 5.3-5.6% "
-                              "faster with 1 than 0 on 16-core hosts)"),
-    "VLLM_CPU_PACKED_GRAIN_KB": (int, 32,
+                              "the kernel at each call): l1 (default) into L1, 1 into L2, 0 "
+                              "off (an H100 machine's 16-core host: draft-20m's batch-8 "
+                              "forward 0.96-0.97x the time with l1 than 1; SmolLM2-135M's "
+                              "5.3-5.6% faster with 1 than 0)"),
+    "VLLM_CPU_PACKED_GRAIN_KB": (int, 8,
                                  "KB of weights a thread takes at least of a packed linear's "
-                                 "loop (read by the kernel at each call; 1 to 4096, default "
-                                 "32): less spreads a small matrix over more threads"),
-    "VLLM_CPU_AMX_KEEP_TILES": (_one_of("0", "1"), "0",
-                                "1 leaves a packed AMX linear's threads with their tiles "
-                                "configured between loops (no tilerelease; ldtilecfg only where "
-                                "a thread's configuration differs), 0 (default) configures and "
+                                 "loop (read by the kernel at each call; 1 to 4096, default 8): "
+                                 "less spreads a small matrix over more threads (draft-20m's "
+                                 "batch-8 forward 0.97-0.99x the time at 8 than at 32)"),
+    "VLLM_CPU_AMX_KEEP_TILES": (_one_of("0", "1"), "1",
+                                "1 (default) leaves a packed AMX linear's threads with their "
+                                "tiles configured between loops (no tilerelease; ldtilecfg only "
+                                "where a thread's configuration differs), 0 configures and "
                                 "releases them in every loop (read by the kernel at each call; "
-                                "not yet measured)"),
+                                "draft-20m's batch-8 forward 0.98-0.99x the time with 1)"),
     "VLLM_CPU_DECODE_SPLIT_ELEMS": (int, 2048,
                                     "elements a thread from which decode_layers splits its "
                                     "norms, silu_and_mul and rotary over the threads (read by "

@@ -124,7 +124,7 @@ class PanelKernel {
   const int64_t most;
 };
 // A packed linear of n_dim outputs and k_dim inputs as one parallel loop over tasks of panels
-// (panels_per_task; at least VLLM_CPU_PACKED_GRAIN_KB, default 32, of weights a thread), each
+// (panels_per_task; at least VLLM_CPU_PACKED_GRAIN_KB, default 8, of weights a thread), each
 // thread's input rows from fold where given; with a paired fold, task i computes the same
 // panels of both halves of out.
 void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, int64_t n_dim,

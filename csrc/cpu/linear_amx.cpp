@@ -92,31 +92,30 @@ int64_t amx_min_rows() {
   return 1;
 }
 
-// VLLM_CPU_AMX_PREFETCH (read at every call): 1 (default) prefetches the packed AMX tiles'
-// weight streams ahead into L2 (packed_panels_amx), 0 leaves them to the hardware prefetchers,
-// which restart 3 of a pass's 4 streams at every pass. SmolLM2-135M's batch-8 draft forward, in
-// turns: 0.2-3.4% faster on a 2-core AMX Xeon, 5.3-5.6% on the H200's and an H100's 16-core hosts
-// (its gate/up projection 7-13%); the 20M and 68M drafts' within +-4% (benchmarks/RESULTS.md,
-// twenty-fifth session). l1: the same lines into L1 (not yet measured): a tile load whose lines
-// wait in L2 may cost more than its multiply (an 8-row draft-20m loop took ~4-5 us a thread for
-// 24-48 KB of panels on the H100 machine's host, the one-row GEMV ~1.8 us for 32 KB of rows).
+// VLLM_CPU_AMX_PREFETCH (read at every call): the packed AMX tiles' weight streams prefetched
+// ahead (packed_panels_amx) into L1 (l1, the default), into L2 (1), or left to the hardware
+// prefetchers (0), which restart 3 of a pass's 4 streams at every pass. 1 against 0:
+// SmolLM2-135M's batch-8 draft forward 0.2-3.4% faster on a 2-core AMX Xeon, 5.3-5.6% on the
+// H200's and an H100's 16-core hosts (twenty-fifth session). l1 against 1, on an H100 machine's
+// 16-core host, in turns: draft-20m's batch-8 forward 0.96-0.97x the time (runs 75-76; a tile
+// load whose lines wait in L2 costs more than its multiply), batch 1 unchanged (it runs no AMX).
 enum AmxPrefetch : int { kNoPrefetch = 0, kPrefetchL2 = 1, kPrefetchL1 = 2 };
 int amx_prefetch() {
   const char* v = std::getenv("VLLM_CPU_AMX_PREFETCH");
-  if (v == nullptr || std::string(v) == "1") return kPrefetchL2;
-  if (std::string(v) == "l1") return kPrefetchL1;
+  if (v == nullptr || std::string(v) == "l1") return kPrefetchL1;
+  if (std::string(v) == "1") return kPrefetchL2;
   TORCH_CHECK(std::string(v) == "0", "VLLM_CPU_AMX_PREFETCH must be 0, 1 or l1, got '", v, "'");
   return kNoPrefetch;
 }
 
-// VLLM_CPU_AMX_KEEP_TILES (read at every call): 1 leaves a packed AMX linear's thread with its
-// tiles configured after its loop (no tilerelease), and its next loop skips ldtilecfg where the
-// thread's configuration (read back with sttilecfg) is already the one it wants; 0 (default)
-// configures at each loop's start and releases at its end. Why it may pay: a released tile
-// state is the INIT state, in which the core may power the tile unit down between a step's
-// loops; on the H100 machine's 16-core host a batch-8 draft-20m loop took each thread ~4-5 us
-// for 24-48 KB of panels (RESULTS.md, thirty-seventh session). Not yet measured.
-bool amx_keep_tiles() { return switched_on("VLLM_CPU_AMX_KEEP_TILES", false); }
+// VLLM_CPU_AMX_KEEP_TILES (read at every call): 1 (default) leaves a packed AMX linear's thread
+// with its tiles configured after its loop (no tilerelease), and its next loop skips ldtilecfg
+// where the thread's configuration (read back with sttilecfg) is already the one it wants; 0
+// configures at each loop's start and releases at its end. A released tile state is the INIT
+// state, in which the core may power the tile unit down between a step's loops. On an H100
+// machine's 16-core host, in turns: draft-20m's batch-8 forward 0.98-0.99x the time (run 75);
+// with l1 prefetches and an 8 KB grain 0.90-0.93x default's (runs 76-78).
+bool amx_keep_tiles() { return switched_on("VLLM_CPU_AMX_KEEP_TILES"); }
 
 // Tiles 0 .. 7 of rows[t] rows of 64 bytes each (0: unused). keep: not where the thread's tiles
 // are configured so already.

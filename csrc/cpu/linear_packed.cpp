@@ -187,11 +187,13 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
   const int64_t per = panels_per_task(span, kernel.most, at::get_num_threads());
   const int64_t tasks = (span + per - 1) / per;
   // contiguous blocks of tasks per thread, at least VLLM_CPU_PACKED_GRAIN_KB of weights each
-  // (default 32, as the GEMV's rows). Less spreads a small matrix over more threads: at 32 KB
-  // draft-20m's batch-8 o projection (128 KB) runs on 4 of 16 threads, each ~5 us a loop.
+  // (default 8). At 32 (the GEMV's grain) draft-20m's batch-8 qkv ran on 12 of 16 threads and
+  // its o on 4; at 8 both on all 16: its batch-8 forward 0.98-0.99x the time on an H100
+  // machine's 16-core host, in turns (AMX tiles; run 76), 0.97-0.98x with l1 prefetches and
+  // kept tiles (run 77). Not measured on the AVX512_BF16 tiles of a host without AMX.
   const int64_t task_bytes = k_dim * 2 * kPackRows * per * (paired ? 2 : 1);
   const int64_t grain_bytes =
-      setting_number("VLLM_CPU_PACKED_GRAIN_KB", 32, 1, 4096, "a number of KB from 1 to 4096")
+      setting_number("VLLM_CPU_PACKED_GRAIN_KB", 8, 1, 4096, "a number of KB from 1 to 4096")
       << 10;
   const int64_t grain = std::max<int64_t>(1, grain_bytes / task_bytes);
   parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {

@@ -1,5 +1,5 @@
-// The CPU decode path's 0/1 settings, read at every call, on (1) by default unless by_default
-// says off (VLLM_CPU_AMX_KEEP_TILES: linear_amx.cpp); any other value is an error naming it.
+// The CPU decode path's 0/1 settings, read at every call, on (1) by default; any other value is
+// an error naming it (also VLLM_CPU_AMX_KEEP_TILES: linear_amx.cpp).
 //   VLLM_CPU_DECODE_TEAM: a decode_layers step, or all of a greedy_steps call's steps, in one
 //     parallel region, its loops handed to the region's spinning threads (team.h); 0: a region
 //     per loop.
@@ -30,9 +30,9 @@
 
 namespace vllm_cpu {
 
-inline bool switched_on(const char* name, bool by_default = true) {
+inline bool switched_on(const char* name) {
   const char* v = std::getenv(name);
-  if (v == nullptr) return by_default;
+  if (v == nullptr) return true;
   if (std::strcmp(v, "1") == 0) return true;
   TORCH_CHECK(std::strcmp(v, "0") == 0, name, " must be 0 or 1, got '", v, "'");
   return false;

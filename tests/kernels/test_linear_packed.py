@@ -146,10 +146,10 @@ def test_packed_grain_is_checked(value, monkeypatch):
 @pytest.mark.skipif(not cpu_has("amx_bf16"), reason="the tiles are kept on AMX only")
 @pytest.mark.parametrize("threads", [1, 4])
 def test_kept_tiles_are_reconfigured_where_the_rows_change(threads, monkeypatch):
-    """With VLLM_CPU_AMX_KEEP_TILES=1 a thread keeps its tiles configured between loops: each
-    loop's rows (8, 24 and 40: one, two and three row groups, each its own configuration), the
-    unpacked AMX linear between them (which configures and releases the tiles itself) and the
-    same rows again must each give the reference's sums."""
+    """With VLLM_CPU_AMX_KEEP_TILES=1 (the default) a thread keeps its tiles configured between
+    loops: each loop's rows (8, 24 and 40: one, two and three row groups, each its own
+    configuration), the unpacked AMX linear between them (which configures and releases the
+    tiles itself) and the same rows again must each give the reference's sums."""
     monkeypatch.setenv("VLLM_CPU_AMX", "auto")
     monkeypatch.setenv("VLLM_CPU_AMX_KEEP_TILES", "1")
     saved = torch.get_num_threads()
@@ -174,24 +174,29 @@ def test_kept_tiles_are_reconfigured_where_the_rows_change(threads, monkeypatch)
 
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
-@pytest.mark.parametrize("prefetch", ["1", "0", "l1", "grain", "keep"])
+@pytest.mark.parametrize("setting", ["default", "l2", "0", "grain32", "grain1", "release"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
 @pytest.mark.parametrize("m", [4, 8, 16, 24])
 @pytest.mark.parametrize("n,k", [(576, 1536), (84, 96), (2048, 576), (256, 256)])
-def test_linear_packed_panels_per_task(amx, prefetch, threads, m, n, k, monkeypatch):
+def test_linear_packed_panels_per_task(amx, setting, threads, m, n, k, monkeypatch):
     """A task takes the most panels (AMX 4, or 2 at 17-32 rows; the packed AVX512 tiles 2) or
     fewer, whichever leaves the busiest thread the fewest (36 panels on 16 threads: 1; on 3: the
-    most; 6 panels on 3 threads: 2; 256 x 256, draft-20m's o: 16 panels of 8 KB, 4 threads'
-    share at 32 KB a thread, every thread's at 1): the same sums at every thread count (4 rows: the AVX512
-    tiles either way; 24 rows: AMX's two row groups, or the register tiles with AMX off), with
-    the AMX tiles prefetching each thread's next panels into L2 or L1 (VLLM_CPU_AMX_PREFETCH)
-    or not, or keeping each thread's tiles configured between loops (VLLM_CPU_AMX_KEEP_TILES),
-    or each thread's share at least 1 KB of weights instead of 32 (VLLM_CPU_PACKED_GRAIN_KB:
-    every task its own chunk where threads allow)."""
+    most; 6 panels on 3 threads: 2; 256 x 256, draft-20m's o: 16 panels of 8 KB, on 4 threads
+    at a 32 KB grain, on every thread at 8 or 1): the same sums at every thread count (4 rows:
+    the AVX512 tiles either way; 24 rows: AMX's two row groups, or the register tiles with AMX
+    off). The defaults (the AMX tiles prefetching each thread's next panels into L1, kept
+    configured between loops, a grain of 8 KB) and each changed alone: prefetches into L2
+    (VLLM_CPU_AMX_PREFETCH=1) or none (0), a grain of 32 or 1 KB (VLLM_CPU_PACKED_GRAIN_KB), the
+    tiles released after each loop (VLLM_CPU_AMX_KEEP_TILES=0)."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
-    monkeypatch.setenv("VLLM_CPU_AMX_PREFETCH", prefetch if prefetch in ("0", "l1") else "1")
-    monkeypatch.setenv("VLLM_CPU_PACKED_GRAIN_KB", "1" if prefetch == "grain" else "32")
-    monkeypatch.setenv("VLLM_CPU_AMX_KEEP_TILES", "1" if prefetch == "keep" else "0")
+    for name in ("VLLM_CPU_AMX_PREFETCH", "VLLM_CPU_PACKED_GRAIN_KB", "VLLM_CPU_AMX_KEEP_TILES"):
+        monkeypatch.delenv(name, raising=False)
+    changed = {"l2": ("VLLM_CPU_AMX_PREFETCH", "1"), "0": ("VLLM_CPU_AMX_PREFETCH", "0"),
+               "grain32": ("VLLM_CPU_PACKED_GRAIN_KB", "32"),
+               "grain1": ("VLLM_CPU_PACKED_GRAIN_KB", "1"),
+               "release": ("VLLM_CPU_AMX_KEEP_TILES", "0")}.get(setting)
+    if changed is not None:
+        monkeypatch.setenv(*changed)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
