@@ -58,9 +58,9 @@
 #   DRAFT_SETTINGS="default;old:VLLM_CPU_AMX_PREFETCH=1,VLLM_CPU_PACKED_GRAIN_KB=32,VLLM_CPU_AMX_KEEP_TILES=0"
 #   ... draft` and `python3 -m pytest tests/kernels/test_linear_packed.py` (its AMX and
 #   AVX512_BF16 tests skip elsewhere). What is left of batch 8's extra time is a fixed ~5 us a
-#   loop a thread (o's time did not move when its 128 KB went from 4 threads to 16), and ~12
-#   us a forward of the draft call's Python that grows with the batch
-#   (benchmarks/lab/draft_call_ab.py).
+#   loop a thread (o's time did not move when its 128 KB went from 4 threads to 16), and ~11
+#   us a forward outside the stages, which follows the native call's length more than the
+#   Python's work (RESULTS.md; benchmarks/lab/draft_call_ab.py times the Python).
 #   The controller on the GPU pair (run 70, 2 rounds): 3.00x plain against 3.41x for fixed k = 6
 #   ahead, with the same k chosen (k = 6 in 331 of 353 steps) and every phase slower; rerun
 #   with PAIR_ROUNDS=3 before reading it as the controller's.
