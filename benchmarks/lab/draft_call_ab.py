@@ -1,9 +1,10 @@
 """A greedy draft call's cost outside its native steps, this tree's draft worker against the one
-at a git revision (or in a file: a copy of vllm/spec_decode/draft_worker.py), in one process: calls alternate between the two in blocks of 4 (the first
-call of a block, after the switch, is not counted). SHAPE (benchmarks/model_shapes.py, dummy
-bf16 weights), THREADS threads, 4 forwards a call at a held context of 16 tokens, batch 1 and
-8. Per call: its time less greedy_steps' own (its step_ms), so the Python of _draft and
-_greedy_steps, GreedyStep's and the op's dispatch.
+at a git revision (or in a file: a copy of vllm/spec_decode/draft_worker.py), in one process:
+calls alternate between the two in blocks of 4 (the first call of a block, after the switch,
+is not counted). SHAPE (benchmarks/model_shapes.py, dummy bf16 weights), THREADS threads, 4
+forwards a call at a held context of 16 tokens, batch 1 and 8. Per call: its time less
+greedy_steps' own (its step_ms), so the Python of _draft and _greedy_steps, GreedyStep's and
+the op's dispatch.
 
     python benchmarks/lab/draft_call_ab.py REV|FILE [SHAPE] [THREADS] [CALLS]
     (defaults: draft-20m, 2, 1200 a batch size)"""
