@@ -52,7 +52,10 @@
 #   RESULTS.md): the bar (batch 8 at most 1.3x batch 1, held context 16, 16 threads, blocked
 #   turns) for draft-20m read 1.42-1.47 with the old defaults there and 1.31-1.36 with the new
 #   ones (VLLM_CPU_AMX_PREFETCH=l1, VLLM_CPU_PACKED_GRAIN_KB=8, VLLM_CPU_AMX_KEEP_TILES=1); on
-#   the host of runs 70-73 the old defaults read a median 1.30. Run three rounds of
+#   the host of runs 70-73 the old defaults read a median 1.30; run 79, on a slower H100 host
+#   with the new defaults built in, one round: 1.24 / 1.15 / 1.26 for the three shapes (old
+#   1.26 / 1.21 / 1.22: SmolLM2's batch 8 1.03x slower there, 0.97x on runs 75-78's host, so
+#   time it again). Run three rounds of
 #   `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=16
 #   DRAFT_FORWARDS=96 DRAFT_SHAPES="draft-20m llama-68m smollm2-135m"
 #   DRAFT_SETTINGS="default;old:VLLM_CPU_AMX_PREFETCH=1,VLLM_CPU_PACKED_GRAIN_KB=32,VLLM_CPU_AMX_KEEP_TILES=0"
