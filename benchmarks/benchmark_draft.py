@@ -39,6 +39,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.floors import step_floor_ms  # noqa: E402
+from benchmarks.model_shapes import write_shape_dir  # noqa: E402
 from benchmarks.plot_args import add_plot_args, plot_run  # noqa: E402
 from benchmarks.timing import copy_bandwidth_gbps, provenance, write_json  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
@@ -70,7 +71,6 @@ def make_draft(args, model: str, dtype: str) -> DraftModelProposer:
 def shape_draft(shape: str, threads: int, context: int, steps: int) -> DraftModelProposer:
     """A draft worker of a benchmarks/model_shapes.py shape (dummy bf16 weights, in a temporary
     folder) for the labs' held batches of 1 and 8 sequences, at `threads` threads."""
-    from benchmarks.model_shapes import write_shape_dir
     model = os.path.join(tempfile.mkdtemp(), shape)
     write_shape_dir(shape, model)
     args = types.SimpleNamespace(load_format="dummy", context=context, num_forwards=64,

@@ -52,8 +52,6 @@ def main() -> None:
     calls = int(sys.argv[4]) if len(sys.argv) > 4 else 1200
     draft = shape_draft(shape, threads, CONTEXT, STEPS)
     old_class = worker_at(rev).DraftModelProposer
-    if not hasattr(draft, "_table_kept"):
-        draft._table_kept = None
     # each version's methods bound to the one draft (its weights, caches and sequences)
     versions = {
         "this tree": {m: getattr(draft, m) for m in METHODS if hasattr(draft, m)},

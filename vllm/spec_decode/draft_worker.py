@@ -268,10 +268,11 @@ class DraftModelProposer(Proposer):
         if steps < 1:
             return None
         fed = [len(s.token_ids) - s.num_computed_tokens for s in seqs]
-        if min(fed) < 1 or sum(fed) > cpu_decode.MAX_ROWS:  # (a prefill: the model path)
+        total = sum(fed)
+        if min(fed) < 1 or total > cpu_decode.MAX_ROWS:  # (a prefill: the model path)
             return None
         starts = None
-        if sum(fed) == len(seqs):  # one token a sequence: its last, whose KV is missing
+        if total == len(seqs):  # one token a sequence: its last, whose KV is missing
             ids = [s.token_ids[-1] for s in seqs]
             positions = [s.num_computed_tokens for s in seqs]
         else:
