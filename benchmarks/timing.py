@@ -86,8 +86,27 @@ def git_commit(root: str) -> str:
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
+def host_cpu(cpuinfo: str = "/proc/cpuinfo",
+             l3_size: str = "/sys/devices/system/cpu/cpu0/cache/index3/size") -> str:
+    """The CPU's model name and its first core's last-level cache (hosts of one kind differ:
+    the H100 machines' 16-core hosts have shown 105 and 300 MB of L3), e.g. "Intel(R) Xeon(R)
+    Processor, L3 307200K"; "unknown" for what cannot be read."""
+    def first_line(path: str, prefix: str = "") -> Optional[str]:
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith(prefix):
+                        return line.split(":", 1)[1].strip() if prefix else line.strip()
+        except OSError:
+            pass
+        return None
+
+    return (f"{first_line(cpuinfo, 'model name') or 'unknown'}, "
+            f"L3 {first_line(l3_size) or 'unknown'}")
+
+
 def provenance() -> dict[str, str]:
-    """The command, the commit, a fingerprint of the source, torch and the device. A copied
+    """The command, the commit, a fingerprint of the source, torch, the CPU and the device. A copied
     tree (the GPU machine's) can carry a stale git HEAD: a `.source_commit` file at the root,
     written beside the copy (`git rev-parse --short HEAD > .source_commit`), wins; without it
     a tree that differs from its HEAD reads "<HEAD>+dirty"."""
@@ -100,7 +119,7 @@ def provenance() -> dict[str, str]:
         commit = git_commit(root)
     info = {"command": " ".join(sys.argv), "commit": commit,
             "source_sha256": source_fingerprint(), "torch": torch.__version__,
-            "cpu_threads": str(torch.get_num_threads())}
+            "cpu_threads": str(torch.get_num_threads()), "cpu": host_cpu()}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from benchmarks.timing import git_commit
+from benchmarks.timing import git_commit, host_cpu
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -30,3 +30,15 @@ def test_a_tree_that_differs_from_its_head_is_marked_dirty(tmp_path):
     assert git_commit(str(tmp_path)) == head
     (tmp_path / "a.py").write_text("x = 2\n")
     assert git_commit(str(tmp_path)) == head + "+dirty"
+
+
+def test_host_cpu_names_the_model_and_its_last_level_cache(tmp_path):
+    """Results from hosts of one kind differ with their caches, so the provenance names the
+    CPU's model and L3 as the kernel reports them, and "unknown" for a part it cannot read."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t: avx\n")
+    l3 = tmp_path / "size"
+    l3.write_text("307200K\n")
+    assert host_cpu(str(cpuinfo), str(l3)) == "Test CPU 9000, L3 307200K"
+    assert host_cpu(str(cpuinfo), str(tmp_path / "none")) == "Test CPU 9000, L3 unknown"
+    assert host_cpu(str(tmp_path / "none"), str(l3)) == "unknown, L3 307200K"
