@@ -13,7 +13,8 @@
 //           (a step's norms, attention and waits between two linears)
 // for each kernel:
 //   amx     the packed copy's panels on AMX tiles, up to 4 panels a pass, the inputs the A
-//           tile (linear_amx.cpp's packed_panels_amx), tiles configured once a thread
+//           tile (linear_amx.cpp's packed_panels_amx), tiles configured once a thread;
+//           amx_ahead, amx_twoa, amx_upfront, amx_copy: the A tile's rows another way (AMode)
 //   bcast   the same panels through AVX512_BF16 broadcasts (linear_packed.cpp's tiles)
 //   gemv1   ONE input row against the same bytes as row-major rows (the batch-1 path's kind)
 // Printed: median over rounds of the threads' mean us for their share (rdtsc around the
@@ -64,12 +65,13 @@ bool has_bf16_dot() {
   return (a & (1u << 5)) != 0;
 }
 
-__attribute__((target("amx-tile"))) void amx_configure(int m) {
+// tiles 0-4 m rows (sums, A), 5-7 16 (B); two_a: tile 6 m rows too (amx_twoa's second A)
+__attribute__((target("amx-tile"))) void amx_configure(int m, bool two_a) {
   TileConfig cfg;
   std::memset(&cfg, 0, sizeof(cfg));
   cfg.palette_id = 1;
   for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = static_cast<uint8_t>(t < 5 ? m : 16);
+    cfg.rows[t] = static_cast<uint8_t>(t < 5 || (two_a && t == 6) ? m : 16);
     cfg.colsb[t] = 64;
   }
   asm volatile("ldtilecfg %0" ::"m"(cfg));
@@ -82,9 +84,18 @@ struct Share {
   const bf16* x;  // M rows, row stride ldx
   int64_t ldx, K, P;
   float* out;
+  int M;
 };
 
-template <int NB>
+// How a pass treats its A tile (the input rows, 8 lines a k-step): kBase as the extension;
+// kAhead prefetches them (T0) kAheadSteps k-steps ahead; kTwoA loads them into tiles 4 and 6 by
+// turns and B into 5 and 7 (NB <= 2), so that a k-step's loads need not wait for the last
+// k-step's multiply to free its tile; kUpfront prefetches every row of the share's input before
+// the first k-step; kCopy copies them into a buffer of the thread's first (vector loads).
+enum AMode { kBase, kAhead, kTwoA, kUpfront, kCopy };
+constexpr int64_t kAheadSteps = 4;
+
+template <int NB, AMode A>
 __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_pass(const Share& s,
                                                                    const bf16* p) {
   const int64_t panel = 16 * s.K, steps = s.K / 32;
@@ -97,6 +108,34 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_pass(const Share& 
     for (int t = 0; t < NB; ++t) {
       const char* q = reinterpret_cast<const char*>(b + t * panel) + 2048;
       for (int l = 0; l < 16; ++l) _mm_prefetch(q + 64 * l, _MM_HINT_T0);
+    }
+    if constexpr (A == kAhead) {
+      if (st + kAheadSteps < steps) {
+        for (int m = 0; m < 16; ++m) {
+          if (m < s.M) _mm_prefetch(reinterpret_cast<const char*>(s.x + m * s.ldx + (st + kAheadSteps) * 32), _MM_HINT_T0);
+        }
+      }
+    }
+    if constexpr (A == kTwoA) {
+      static_assert(NB <= 2, "tiles 0-1 sums, 4/6 A, 5/7 B");
+      if (st & 1) {
+        _tile_loadd(6, s.x + st * 32, s.ldx * 2);
+        _tile_loadd(7, b, 64);
+        _tile_dpbf16ps(0, 6, 7);
+        if constexpr (NB > 1) {
+          _tile_loadd(5, b + panel, 64);
+          _tile_dpbf16ps(1, 6, 5);
+        }
+      } else {
+        _tile_loadd(4, s.x + st * 32, s.ldx * 2);
+        _tile_loadd(5, b, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        if constexpr (NB > 1) {
+          _tile_loadd(7, b + panel, 64);
+          _tile_dpbf16ps(1, 4, 7);
+        }
+      }
+      continue;
     }
     _tile_loadd(4, s.x + st * 32, s.ldx * 2);
     _tile_loadd(5, b, 64);
@@ -120,15 +159,49 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_pass(const Share& 
   if constexpr (NB > 3) _tile_stored(3, s.out + 768, 64);
 }
 
-void amx(const Share& s) {
+template <AMode A>
+void amx_passes(const Share& s) {
   const int64_t panel = 16 * s.K;
   int64_t p = 0;
-  for (; p + 4 <= s.P; p += 4) amx_pass<4>(s, s.w + p * panel);
-  switch (s.P - p) {
-    case 3: amx_pass<3>(s, s.w + p * panel); break;
-    case 2: amx_pass<2>(s, s.w + p * panel); break;
-    case 1: amx_pass<1>(s, s.w + p * panel); break;
-    default: break;
+  if constexpr (A == kTwoA) {
+    for (; p + 2 <= s.P; p += 2) amx_pass<2, A>(s, s.w + p * panel);
+    if (p < s.P) amx_pass<1, A>(s, s.w + p * panel);
+    return;
+  } else {
+    for (; p + 4 <= s.P; p += 4) amx_pass<4, A>(s, s.w + p * panel);
+    switch (s.P - p) {
+      case 3: amx_pass<3, A>(s, s.w + p * panel); break;
+      case 2: amx_pass<2, A>(s, s.w + p * panel); break;
+      case 1: amx_pass<1, A>(s, s.w + p * panel); break;
+      default: break;
+    }
+  }
+}
+
+__attribute__((target("avx512f"))) void amx(const Share& s, const std::string& kernel,
+                                            bf16* copy) {
+  if (kernel == "amx") {
+    amx_passes<kBase>(s);
+  } else if (kernel == "amx_ahead") {
+    amx_passes<kAhead>(s);
+  } else if (kernel == "amx_twoa") {
+    amx_passes<kTwoA>(s);
+  } else if (kernel == "amx_upfront") {
+    for (int m = 0; m < s.M; ++m) {
+      const char* row = reinterpret_cast<const char*>(s.x + m * s.ldx);
+      for (int64_t o = 0; o < s.K * 2; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
+    }
+    amx_passes<kBase>(s);
+  } else {  // amx_copy
+    for (int m = 0; m < s.M; ++m) {
+      for (int64_t k = 0; k < s.K; k += 32) {
+        _mm512_storeu_si512(copy + m * s.K + k, _mm512_loadu_si512(s.x + m * s.ldx + k));
+      }
+    }
+    Share local = s;
+    local.x = copy;
+    local.ldx = s.K;
+    amx_passes<kBase>(local);
   }
 }
 
@@ -220,10 +293,24 @@ int main(int argc, char** argv) {
   // down (1024, 1), gate_up (256, 8); SmolLM2's o (576, 2)
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {256, 1}, {256, 3}, {1024, 1}, {256, 8}, {576, 2}};
-  const std::vector<std::string> kernels = {"amx", "bcast", "gemv1"};
+  // LAB_KERNELS, LAB_WEIGHTS, LAB_GAPS (comma lists) pick a part of the table
+  const auto list = [](const char* name, const char* all) {
+    const char* v = std::getenv(name);
+    std::string text = v != nullptr && *v != '\0' ? v : all;
+    std::vector<std::string> out;
+    for (size_t at = 0; at <= text.size();) {
+      const size_t comma = std::min(text.find(',', at), text.size());
+      out.push_back(text.substr(at, comma - at));
+      at = comma + 1;
+    }
+    return out;
+  };
+  const std::vector<std::string> kernels =
+      list("LAB_KERNELS", "amx,amx_ahead,amx_twoa,amx_upfront,amx_copy,bcast,gemv1");
   const std::vector<std::string> inputs = {"local", "fresh"};
-  const std::vector<std::string> weights = {"hot", "l2", "l3", "mem"};
-  const std::vector<double> gaps = {0, 3, 20};
+  const std::vector<std::string> weights = list("LAB_WEIGHTS", "hot,l2,l3,mem");
+  std::vector<double> gaps;
+  for (const auto& g : list("LAB_GAPS", "0,3,20")) gaps.push_back(std::atof(g.c_str()));
   for (const auto& [K, P] : shapes) {
     const int64_t share = 16 * P * K;  // elements a thread a set
     std::printf("\nK %ld, %ld panels a thread (%ld KB)\n", K, P, share * 2 / 1024);
@@ -231,7 +318,8 @@ int main(int argc, char** argv) {
     for (double g : gaps) std::printf("   gap %4.0f: mean / max", g);
     std::printf("\n");
     for (const auto& kernel : kernels) {
-      if ((kernel == "amx" && !amx_ok) || (kernel != "amx" && !dot_ok)) continue;
+      const bool tiles = kernel.rfind("amx", 0) == 0;
+      if ((tiles && !amx_ok) || (!tiles && !dot_ok)) continue;
       for (const auto& input : inputs) {
         for (const auto& wset : weights) {
           const int64_t set_bytes = share * 2;
@@ -251,8 +339,9 @@ int main(int argc, char** argv) {
 #pragma omp parallel num_threads(T)
             {
               const int t = omp_get_thread_num();
-              if (kernel == "amx") amx_configure(M);
+              if (tiles) amx_configure(M, kernel == "amx_twoa");
               alignas(64) float out[1024];
+              std::vector<bf16> copy(static_cast<size_t>(M * K) + 64);
               const bool fresh = input == "fresh";
               bf16* x = fresh ? shared_x.data() : own_x[t].data();
               const int64_t cols = K / T > 0 ? K / T : K, c0 = std::min<int64_t>(t * cols, K);
@@ -270,10 +359,10 @@ int main(int argc, char** argv) {
                 barrier.wait(t, ++gen);
                 if (gap > 0) spin_cycles(static_cast<uint64_t>(gap * tpu));
                 const int64_t set = (r + 1000 * sets) % sets;
-                const Share s{w.data() + (set * T + t) * share, x, K, K, P, out};
+                const Share s{w.data() + (set * T + t) * share, x, K, K, P, out, M};
                 const uint64_t c_start = __rdtsc();
-                if (kernel == "amx") {
-                  amx(s);
+                if (tiles) {
+                  amx(s, kernel, copy.data());
                 } else if (kernel == "bcast") {
                   if (M == 8) bcast<8>(s); else bcast<1>(s);
                 } else {
@@ -283,7 +372,7 @@ int main(int argc, char** argv) {
                 if (r >= 0) us[t][r] = (c_end - c_start) / tpu;
                 barrier.wait(t, ++gen);
               }
-              if (kernel == "amx") _tile_release();
+              if (tiles) _tile_release();
             }
             std::vector<double> mean(rounds), worst(rounds);
             for (int r = 0; r < rounds; ++r) {
