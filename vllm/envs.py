@@ -93,6 +93,11 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                 "where a thread's configuration differs), 0 configures and "
                                 "releases them in every loop (read by the kernel at each call; "
                                 "draft-20m's batch-8 forward 0.98-0.99x the time with 1)"),
+    "VLLM_CPU_AMX_INPUT_AHEAD": (int, 0,
+                                 "k-steps ahead at which the packed AMX tiles prefetch their "
+                                 "input rows' lines into L1 (read by the kernel at each call; 0 "
+                                 "to 64, default 0: off). The rows are lines other cores wrote "
+                                 "in the loop before (not yet measured in whole forwards)"),
     "VLLM_CPU_DECODE_SPLIT_ELEMS": (int, 2048,
                                     "elements a thread from which decode_layers splits its "
                                     "norms, silu_and_mul and rotary over the threads (read by "

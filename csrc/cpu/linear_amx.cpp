@@ -270,6 +270,23 @@ inline void prefetch_streams(const c10::BFloat16* packed, int64_t panel, int64_t
   }
 }
 
+// VLLM_CPU_AMX_INPUT_AHEAD (read at every call; default 0): the input rows' line of k-step
+// s + N prefetched into L1 at k-step s (the first N at a pass's start). The A tile's 8-16 rows
+// are lines other cores wrote in the loop before: 8 rows of 1024 columns written by 16 other
+// cores cost a thread 3.5 us a panel against 1.3 from its own cache (H100 machine's host,
+// benchmarks/lab/cpu_amx_loop_lab.cpp, run 81), as if each k-step waited out its misses before
+// the next k-step's loads began.
+int64_t amx_input_ahead() {
+  return setting_number("VLLM_CPU_AMX_INPUT_AHEAD", 0, 0, 64, "a number of k-steps from 0 to 64");
+}
+
+// The input rows' 64 bytes of k-step s, rows 0 .. rows - 1, requested into L1.
+inline void prefetch_input(const c10::BFloat16* x, int64_t ldx, int64_t rows, int64_t s) {
+  for (int64_t m = 0; m < rows; ++m) {
+    _mm_prefetch(reinterpret_cast<const char*>(x + m * ldx + s * kTileK), _MM_HINT_T0);
+  }
+}
+
 // The packed copy's panels pb .. pb + NB against the m_dim input rows: the input rows are the A
 // operand (m_dim rows x 32 columns per k-step, read in place), the packed panel's k-step the B
 // operand (its 16 column pairs x 16 weight rows are the 1 KB at panel + 512 s: the tile layout
@@ -277,9 +294,9 @@ inline void prefetch_streams(const c10::BFloat16* packed, int64_t panel, int64_t
 // prefetch (VLLM_CPU_AMX_PREFETCH: an AmxPrefetch): each k-step prefetch_streams.
 template <int NB>
 VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t ldx,
-                                       const c10::BFloat16* packed, int64_t pairs,
-                                       int64_t steps, int64_t pb, int prefetch,
-                                       int64_t next_end) {
+                                       int64_t rows, const c10::BFloat16* packed,
+                                       int64_t pairs, int64_t steps, int64_t pb, int prefetch,
+                                       int64_t next_end, int64_t input_ahead) {
   static_assert(NB >= 1 && NB <= kPackedPanels, "4 accumulator tiles");
   _tile_zero(0);
   if constexpr (NB > 1) _tile_zero(1);
@@ -287,10 +304,14 @@ VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t
   if constexpr (NB > 3) _tile_zero(3);
   const c10::BFloat16* b0 = packed + pb * pairs * 2 * kPackRows;
   const int64_t panel = pairs * 2 * kPackRows;  // elements per panel
+  if (input_ahead > 0) {
+    for (int64_t s = 0; s < std::min(input_ahead, steps); ++s) prefetch_input(x, ldx, rows, s);
+  }
   for (int64_t s = 0; s < steps; ++s) {
     if (prefetch != kNoPrefetch) {
       prefetch_streams<NB>(packed, panel, steps, pb, next_end, s, prefetch == kPrefetchL1);
     }
+    if (input_ahead > 0 && s + input_ahead < steps) prefetch_input(x, ldx, rows, s + input_ahead);
     _tile_loadd(4, x + s * kTileK, ldx * 2);
     const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
     _tile_loadd(5, b, 64);
@@ -436,7 +457,8 @@ class AmxPanels final : public PanelKernel {
         out_(out), ldo_(ldo), packed_(packed), bias_(bias), m_(m_dim), n_(n_dim),
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),
-        prefetch_(amx_prefetch()), keep_tiles_(amx_keep_tiles()) {}
+        prefetch_(amx_prefetch()), keep_tiles_(amx_keep_tiles()),
+        input_ahead_(amx_input_ahead()) {}
 
   void begin() const override {
     if (m_ <= kMaxRows) {
@@ -460,8 +482,8 @@ class AmxPanels final : public PanelKernel {
     alignas(64) float c[4 * 256];
     if (m_ <= kMaxRows) {
       for_rows_left<kPackedPanels>(nb, [&](auto panels_now) {
-        packed_panels_amx<decltype(panels_now)::value>(c, x, ldx, packed_, pairs_, steps_, pb,
-                                                       prefetch_, next_end);
+        packed_panels_amx<decltype(panels_now)::value>(c, x, ldx, m_, packed_, pairs_, steps_,
+                                                       pb, prefetch_, next_end, input_ahead_);
       });
       write_panels(out_, ldo_, c, bias_, m_, n_, pb, nb);
     } else if (m_ <= kMaxPackedRows) {
@@ -498,6 +520,7 @@ class AmxPanels final : public PanelKernel {
   int groups_;
   int prefetch_;
   bool keep_tiles_;
+  int64_t input_ahead_;
 };
 
 }  // namespace
