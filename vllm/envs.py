@@ -98,6 +98,11 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                  "input rows' lines into L1 (read by the kernel at each call; 0 "
                                  "to 64, default 0: off). The rows are lines other cores wrote "
                                  "in the loop before (not yet measured in whole forwards)"),
+    "VLLM_CPU_AMX_INPUT_COPY": (_one_of("0", "1"), "0",
+                                "1: each thread of a packed AMX linear copies its input rows "
+                                "into a buffer of its own before its first task (read by the "
+                                "kernel at each call; default 0; not yet measured in whole "
+                                "forwards)"),
     "VLLM_CPU_DECODE_SPLIT_ELEMS": (int, 2048,
                                     "elements a thread from which decode_layers splits its "
                                     "norms, silu_and_mul and rotary over the threads (read by "

@@ -280,6 +280,11 @@ int64_t amx_input_ahead() {
   return setting_number("VLLM_CPU_AMX_INPUT_AHEAD", 0, 0, 64, "a number of k-steps from 0 to 64");
 }
 
+// VLLM_CPU_AMX_INPUT_COPY (read at every call; default 0): each thread copies its input rows
+// into a buffer of its own (vector loads: many lines in flight) before its first task, and the
+// A tiles read the copy (the lab's amx_copy against the same question as INPUT_AHEAD).
+bool amx_input_copy() { return switched_on("VLLM_CPU_AMX_INPUT_COPY", false); }
+
 // The input rows' 64 bytes of k-step s, rows 0 .. rows - 1, requested into L1.
 inline void prefetch_input(const c10::BFloat16* x, int64_t ldx, int64_t rows, int64_t s) {
   for (int64_t m = 0; m < rows; ++m) {
@@ -458,7 +463,7 @@ class AmxPanels final : public PanelKernel {
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),
         prefetch_(amx_prefetch()), keep_tiles_(amx_keep_tiles()),
-        input_ahead_(amx_input_ahead()) {}
+        input_ahead_(amx_input_ahead()), input_copy_(amx_input_copy()) {}
 
   void begin() const override {
     if (m_ <= kMaxRows) {
@@ -475,6 +480,16 @@ class AmxPanels final : public PanelKernel {
         load_tile_config({16, 16, 16, last, 16, 16, last, 0}, keep_tiles_);
       }
     }
+  }
+
+  const c10::BFloat16* chunk_input(const c10::BFloat16* x, int64_t* ld) const override {
+    if (!input_copy_) return x;
+    thread_local std::vector<c10::BFloat16> copy;
+    const int64_t k = steps_ * kTileK;
+    copy.resize(static_cast<size_t>(m_ * k));
+    for (int64_t m = 0; m < m_; ++m) std::memcpy(copy.data() + m * k, x + m * *ld, k * 2);
+    *ld = k;
+    return copy.data();
   }
 
   void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
@@ -521,6 +536,7 @@ class AmxPanels final : public PanelKernel {
   int prefetch_;
   bool keep_tiles_;
   int64_t input_ahead_;
+  bool input_copy_;
 };
 
 }  // namespace

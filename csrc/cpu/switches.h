@@ -1,5 +1,6 @@
 // The CPU decode path's 0/1 settings, read at every call, on (1) by default; any other value is
-// an error naming it (also VLLM_CPU_AMX_KEEP_TILES: linear_amx.cpp).
+// an error naming it (also linear_amx.cpp's VLLM_CPU_AMX_KEEP_TILES and VLLM_CPU_AMX_INPUT_COPY,
+// the latter off by default).
 //   VLLM_CPU_DECODE_TEAM: a decode_layers step, or all of a greedy_steps call's steps, in one
 //     parallel region, its loops handed to the region's spinning threads (team.h); 0: a region
 //     per loop.
@@ -30,9 +31,9 @@
 
 namespace vllm_cpu {
 
-inline bool switched_on(const char* name) {
+inline bool switched_on(const char* name, bool by_default = true) {
   const char* v = std::getenv(name);
-  if (v == nullptr) return true;
+  if (v == nullptr) return by_default;
   if (std::strcmp(v, "1") == 0) return true;
   TORCH_CHECK(std::strcmp(v, "0") == 0, name, " must be 0 or 1, got '", v, "'");
   return false;
