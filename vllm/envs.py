@@ -103,6 +103,11 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                 "into a buffer of its own before its first task (read by the "
                                 "kernel at each call; default 0; not yet measured in whole "
                                 "forwards)"),
+    "VLLM_CPU_AMX_TWO_A": (_one_of("0", "1"), "0",
+                           "1: the packed AMX tiles (to 16 rows) load each k-step's input rows "
+                           "into two A tiles by turns, the weights into two B tiles (read by "
+                           "the kernel at each call; default 0; not yet measured in whole "
+                           "forwards)"),
     "VLLM_CPU_DECODE_SPLIT_ELEMS": (int, 2048,
                                     "elements a thread from which decode_layers splits its "
                                     "norms, silu_and_mul and rotary over the threads (read by "

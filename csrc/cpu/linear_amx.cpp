@@ -285,6 +285,10 @@ int64_t amx_input_ahead() {
 // A tiles read the copy (the lab's amx_copy against the same question as INPUT_AHEAD).
 bool amx_input_copy() { return switched_on("VLLM_CPU_AMX_INPUT_COPY", false); }
 
+// VLLM_CPU_AMX_TWO_A (read at every call; default 0): to 16 rows, the input rows' A tile two
+// tiles by turns (two_a_step), the lab's amx_twoa against the same question.
+bool amx_two_a() { return switched_on("VLLM_CPU_AMX_TWO_A", false); }
+
 // The input rows' 64 bytes of k-step s, rows 0 .. rows - 1, requested into L1.
 inline void prefetch_input(const c10::BFloat16* x, int64_t ldx, int64_t rows, int64_t s) {
   for (int64_t m = 0; m < rows; ++m) {
@@ -292,12 +296,41 @@ inline void prefetch_input(const c10::BFloat16* x, int64_t ldx, int64_t rows, in
   }
 }
 
+// One k-step of packed_panels_amx with two A tiles (VLLM_CPU_AMX_TWO_A): the input rows into
+// tile A (4 or 5 by turns, so that a k-step's A load need not wait for the last k-step's
+// multiplies to free the tile), the NB panels' B tiles into 6 and 7 by turns.
+// (The tile intrinsics name their tiles as literals, hence a macro for tiles 4 and 5.)
+#define VLLM_TWO_A_STEP(A)                                                                    \
+  template <int NB>                                                                           \
+  VLLM_AMX_TARGET inline void two_a_step_##A(const c10::BFloat16* xs, int64_t ldx,            \
+                                             const c10::BFloat16* b, int64_t panel) {         \
+    _tile_loadd(A, xs, ldx * 2);                                                              \
+    _tile_loadd(6, b, 64);                                                                    \
+    _tile_dpbf16ps(0, A, 6);                                                                  \
+    if constexpr (NB > 1) {                                                                   \
+      _tile_loadd(7, b + panel, 64);                                                          \
+      _tile_dpbf16ps(1, A, 7);                                                                \
+    }                                                                                         \
+    if constexpr (NB > 2) {                                                                   \
+      _tile_loadd(6, b + 2 * panel, 64);                                                      \
+      _tile_dpbf16ps(2, A, 6);                                                                \
+    }                                                                                         \
+    if constexpr (NB > 3) {                                                                   \
+      _tile_loadd(7, b + 3 * panel, 64);                                                      \
+      _tile_dpbf16ps(3, A, 7);                                                                \
+    }                                                                                         \
+  }
+VLLM_TWO_A_STEP(4)
+VLLM_TWO_A_STEP(5)
+#undef VLLM_TWO_A_STEP
+
 // The packed copy's panels pb .. pb + NB against the m_dim input rows: the input rows are the A
 // operand (m_dim rows x 32 columns per k-step, read in place), the packed panel's k-step the B
 // operand (its 16 column pairs x 16 weight rows are the 1 KB at panel + 512 s: the tile layout
 // itself). C tile t = out[m][16 (pb + t) + n], m_dim rows x 16 fp32, stored to c + 256 t.
-// prefetch (VLLM_CPU_AMX_PREFETCH: an AmxPrefetch): each k-step prefetch_streams.
-template <int NB>
+// prefetch (VLLM_CPU_AMX_PREFETCH: an AmxPrefetch): each k-step prefetch_streams; TwoA:
+// two_a_step_4 and _5 by turns; input_ahead: prefetch_input.
+template <int NB, bool TwoA>
 VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t ldx,
                                        int64_t rows, const c10::BFloat16* packed,
                                        int64_t pairs, int64_t steps, int64_t pb, int prefetch,
@@ -317,6 +350,15 @@ VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t
       prefetch_streams<NB>(packed, panel, steps, pb, next_end, s, prefetch == kPrefetchL1);
     }
     if (input_ahead > 0 && s + input_ahead < steps) prefetch_input(x, ldx, rows, s + input_ahead);
+    if constexpr (TwoA) {
+      const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
+      if (s & 1) {
+        two_a_step_5<NB>(x + s * kTileK, ldx, b, panel);
+      } else {
+        two_a_step_4<NB>(x + s * kTileK, ldx, b, panel);
+      }
+      continue;
+    }
     _tile_loadd(4, x + s * kTileK, ldx * 2);
     const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
     _tile_loadd(5, b, 64);
@@ -463,12 +505,13 @@ class AmxPanels final : public PanelKernel {
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),
         prefetch_(amx_prefetch()), keep_tiles_(amx_keep_tiles()),
-        input_ahead_(amx_input_ahead()), input_copy_(amx_input_copy()) {}
+        input_ahead_(amx_input_ahead()), input_copy_(amx_input_copy()),
+        two_a_(amx_two_a()) {}
 
   void begin() const override {
     if (m_ <= kMaxRows) {
       const auto m = static_cast<uint8_t>(m_);
-      load_tile_config({m, m, m, m, m, 16, 16, 16}, keep_tiles_);
+      load_tile_config({m, m, m, m, m, two_a_ ? m : uint8_t{16}, 16, 16}, keep_tiles_);
     } else if (m_ <= kMaxPackedRows) {
       const auto m1 = static_cast<uint8_t>(m_ - kMaxRows);
       load_tile_config({16, 16, m1, m1, 16, m1, 16, 16}, keep_tiles_);
@@ -497,8 +540,14 @@ class AmxPanels final : public PanelKernel {
     alignas(64) float c[4 * 256];
     if (m_ <= kMaxRows) {
       for_rows_left<kPackedPanels>(nb, [&](auto panels_now) {
-        packed_panels_amx<decltype(panels_now)::value>(c, x, ldx, m_, packed_, pairs_, steps_,
-                                                       pb, prefetch_, next_end, input_ahead_);
+        constexpr int nb_now = decltype(panels_now)::value;
+        if (two_a_) {
+          packed_panels_amx<nb_now, true>(c, x, ldx, m_, packed_, pairs_, steps_, pb, prefetch_,
+                                          next_end, input_ahead_);
+        } else {
+          packed_panels_amx<nb_now, false>(c, x, ldx, m_, packed_, pairs_, steps_, pb,
+                                           prefetch_, next_end, input_ahead_);
+        }
       });
       write_panels(out_, ldo_, c, bias_, m_, n_, pb, nb);
     } else if (m_ <= kMaxPackedRows) {
@@ -537,6 +586,7 @@ class AmxPanels final : public PanelKernel {
   bool keep_tiles_;
   int64_t input_ahead_;
   bool input_copy_;
+  bool two_a_;
 };
 
 }  // namespace

@@ -122,11 +122,12 @@ def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
     ("VLLM_CPU_AMX_INPUT_AHEAD", "-1", "must be a number of k-steps from 0 to 64"),
     ("VLLM_CPU_AMX_INPUT_AHEAD", "4x", "must be a number of k-steps from 0 to 64"),
     ("VLLM_CPU_AMX_INPUT_COPY", "yes", "must be 0 or 1"),
+    ("VLLM_CPU_AMX_TWO_A", "2", "must be 0 or 1"),
 ])
 def test_amx_settings_are_checked(name, value, message, monkeypatch):
     """The packed AMX tiles' settings, read at each call: VLLM_CPU_AMX_PREFETCH takes 0, 1 or
-    l1, VLLM_CPU_AMX_KEEP_TILES and VLLM_CPU_AMX_INPUT_COPY 0 or 1, VLLM_CPU_AMX_INPUT_AHEAD 0
-    to 64; anything else is an error naming the setting."""
+    l1, VLLM_CPU_AMX_KEEP_TILES, VLLM_CPU_AMX_INPUT_COPY and VLLM_CPU_AMX_TWO_A 0 or 1,
+    VLLM_CPU_AMX_INPUT_AHEAD 0 to 64; anything else is an error naming the setting."""
     monkeypatch.setenv(name, value)
     check_packed_setting_error(name, message)
 
@@ -180,7 +181,7 @@ def test_kept_tiles_are_reconfigured_where_the_rows_change(threads, monkeypatch)
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
 @pytest.mark.parametrize("setting", ["default", "l2", "0", "grain32", "grain1", "release",
-                                     "ahead4", "ahead64", "copy"])
+                                     "ahead4", "ahead64", "copy", "twoa"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
 @pytest.mark.parametrize("m", [4, 8, 16, 24])
 @pytest.mark.parametrize("n,k", [(576, 1536), (84, 96), (2048, 576), (256, 256)])
@@ -196,10 +197,10 @@ def test_linear_packed_panels_per_task(amx, setting, threads, m, n, k, monkeypat
     tiles released after each loop (VLLM_CPU_AMX_KEEP_TILES=0), the input rows prefetched 4
     k-steps ahead or 64 (past every k-step here: only the pass's start requests them;
     VLLM_CPU_AMX_INPUT_AHEAD), each thread's input rows copied before its first task
-    (VLLM_CPU_AMX_INPUT_COPY=1)."""
+    (VLLM_CPU_AMX_INPUT_COPY=1), two A tiles by turns (VLLM_CPU_AMX_TWO_A=1: 4-16 rows)."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
     for name in ("VLLM_CPU_AMX_PREFETCH", "VLLM_CPU_PACKED_GRAIN_KB", "VLLM_CPU_AMX_KEEP_TILES",
-                 "VLLM_CPU_AMX_INPUT_AHEAD", "VLLM_CPU_AMX_INPUT_COPY"):
+                 "VLLM_CPU_AMX_INPUT_AHEAD", "VLLM_CPU_AMX_INPUT_COPY", "VLLM_CPU_AMX_TWO_A"):
         monkeypatch.delenv(name, raising=False)
     changed = {"l2": ("VLLM_CPU_AMX_PREFETCH", "1"), "0": ("VLLM_CPU_AMX_PREFETCH", "0"),
                "grain32": ("VLLM_CPU_PACKED_GRAIN_KB", "32"),
@@ -207,7 +208,8 @@ def test_linear_packed_panels_per_task(amx, setting, threads, m, n, k, monkeypat
                "release": ("VLLM_CPU_AMX_KEEP_TILES", "0"),
                "ahead4": ("VLLM_CPU_AMX_INPUT_AHEAD", "4"),
                "ahead64": ("VLLM_CPU_AMX_INPUT_AHEAD", "64"),
-               "copy": ("VLLM_CPU_AMX_INPUT_COPY", "1")}.get(setting)
+               "copy": ("VLLM_CPU_AMX_INPUT_COPY", "1"),
+               "twoa": ("VLLM_CPU_AMX_TWO_A", "1")}.get(setting)
     if changed is not None:
         monkeypatch.setenv(*changed)
     saved = torch.get_num_threads()
