@@ -87,12 +87,14 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                  "loop (read by the kernel at each call; 1 to 4096, default 8): "
                                  "less spreads a small matrix over more threads (draft-20m's "
                                  "batch-8 forward 0.97-0.99x the time at 8 than at 32)"),
-    "VLLM_CPU_AMX_KEEP_TILES": (_one_of("0", "1"), "1",
-                                "1 (default) leaves a packed AMX linear's threads with their "
-                                "tiles configured between loops (no tilerelease; ldtilecfg only "
-                                "where a thread's configuration differs), 0 configures and "
+    "VLLM_CPU_AMX_KEEP_TILES": (_one_of("0", "1"), "0",
+                                "1 leaves a packed AMX linear's threads with their tiles "
+                                "configured between loops (no tilerelease; ldtilecfg only where "
+                                "a thread's configuration differs), 0 (default) configures and "
                                 "releases them in every loop (read by the kernel at each call; "
-                                "draft-20m's batch-8 forward 0.98-0.99x the time with 1)"),
+                                "1: draft-20m's batch-8 forward 0.98-0.99x the time on one "
+                                "16-core host, 0.99-1.06x on another, where the larger drafts' "
+                                "took 1.00-1.11x)"),
     "VLLM_CPU_AMX_INPUT_AHEAD": (int, 0,
                                  "k-steps ahead at which the packed AMX tiles prefetch their "
                                  "input rows' lines into L1 (read by the kernel at each call; 0 "

@@ -108,14 +108,14 @@ int amx_prefetch() {
   return kNoPrefetch;
 }
 
-// VLLM_CPU_AMX_KEEP_TILES (read at every call): 1 (default) leaves a packed AMX linear's thread
-// with its tiles configured after its loop (no tilerelease), and its next loop skips ldtilecfg
-// where the thread's configuration (read back with sttilecfg) is already the one it wants; 0
-// configures at each loop's start and releases at its end. A released tile state is the INIT
-// state, in which the core may power the tile unit down between a step's loops. On an H100
-// machine's 16-core host, in turns: draft-20m's batch-8 forward 0.98-0.99x the time (run 75);
-// with l1 prefetches and an 8 KB grain 0.90-0.93x default's (runs 76-78).
-bool amx_keep_tiles() { return switched_on("VLLM_CPU_AMX_KEEP_TILES"); }
+// VLLM_CPU_AMX_KEEP_TILES (read at every call): 1 leaves a packed AMX linear's thread with its
+// tiles configured after its loop (no tilerelease), and its next loop skips ldtilecfg where the
+// thread's configuration (read back with sttilecfg) is already the one it wants; 0 (default)
+// configures at each loop's start and releases at its end (the INIT state). On H100 machines'
+// 16-core hosts, in turns: with 1, draft-20m's batch-8 forward took 0.98-0.99x the time on one
+// host (run 75), but on another (300 MB of L3) releasing took batch 8 0.90-1.01x the kept
+// tiles' time for all three draft shapes (run 81), SmolLM2's and llama-68m's most.
+bool amx_keep_tiles() { return switched_on("VLLM_CPU_AMX_KEEP_TILES", false); }
 
 // Tiles 0 .. 7 of rows[t] rows of 64 bytes each (0: unused). keep: not where the thread's tiles
 // are configured so already.

@@ -152,8 +152,8 @@ def test_packed_grain_is_checked(value, monkeypatch):
 @pytest.mark.skipif(not cpu_has("amx_bf16"), reason="the tiles are kept on AMX only")
 @pytest.mark.parametrize("threads", [1, 4])
 def test_kept_tiles_are_reconfigured_where_the_rows_change(threads, monkeypatch):
-    """With VLLM_CPU_AMX_KEEP_TILES=1 (the default) a thread keeps its tiles configured between
-    loops: each loop's rows (8, 24 and 40: one, two and three row groups, each its own
+    """With VLLM_CPU_AMX_KEEP_TILES=1 (not the default) a thread keeps its tiles configured
+    between loops: each loop's rows (8, 24 and 40: one, two and three row groups, each its own
     configuration), the unpacked AMX linear between them (which configures and releases the
     tiles itself) and the same rows again must each give the reference's sums."""
     monkeypatch.setenv("VLLM_CPU_AMX", "auto")
@@ -180,7 +180,7 @@ def test_kept_tiles_are_reconfigured_where_the_rows_change(threads, monkeypatch)
 
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
-@pytest.mark.parametrize("setting", ["default", "l2", "0", "grain32", "grain1", "release",
+@pytest.mark.parametrize("setting", ["default", "l2", "0", "grain32", "grain1", "keep",
                                      "ahead4", "ahead64", "copy", "twoa"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
 @pytest.mark.parametrize("m", [4, 8, 16, 24])
@@ -191,10 +191,10 @@ def test_linear_packed_panels_per_task(amx, setting, threads, m, n, k, monkeypat
     most; 6 panels on 3 threads: 2; 256 x 256, draft-20m's o: 16 panels of 8 KB, on 4 threads
     at a 32 KB grain, on every thread at 8 or 1): the same sums at every thread count (4 rows:
     the AVX512 tiles either way; 24 rows: AMX's two row groups, or the register tiles with AMX
-    off). The defaults (the AMX tiles prefetching each thread's next panels into L1, kept
-    configured between loops, a grain of 8 KB) and each changed alone: prefetches into L2
+    off). The defaults (the AMX tiles prefetching each thread's next panels into L1, released
+    after each loop, a grain of 8 KB) and each changed alone: prefetches into L2
     (VLLM_CPU_AMX_PREFETCH=1) or none (0), a grain of 32 or 1 KB (VLLM_CPU_PACKED_GRAIN_KB), the
-    tiles released after each loop (VLLM_CPU_AMX_KEEP_TILES=0), the input rows prefetched 4
+    tiles kept configured between loops (VLLM_CPU_AMX_KEEP_TILES=1), the input rows prefetched 4
     k-steps ahead or 64 (past every k-step here: only the pass's start requests them;
     VLLM_CPU_AMX_INPUT_AHEAD), each thread's input rows copied before its first task
     (VLLM_CPU_AMX_INPUT_COPY=1), two A tiles by turns (VLLM_CPU_AMX_TWO_A=1: 4-16 rows)."""
@@ -205,7 +205,7 @@ def test_linear_packed_panels_per_task(amx, setting, threads, m, n, k, monkeypat
     changed = {"l2": ("VLLM_CPU_AMX_PREFETCH", "1"), "0": ("VLLM_CPU_AMX_PREFETCH", "0"),
                "grain32": ("VLLM_CPU_PACKED_GRAIN_KB", "32"),
                "grain1": ("VLLM_CPU_PACKED_GRAIN_KB", "1"),
-               "release": ("VLLM_CPU_AMX_KEEP_TILES", "0"),
+               "keep": ("VLLM_CPU_AMX_KEEP_TILES", "1"),
                "ahead4": ("VLLM_CPU_AMX_INPUT_AHEAD", "4"),
                "ahead64": ("VLLM_CPU_AMX_INPUT_AHEAD", "64"),
                "copy": ("VLLM_CPU_AMX_INPUT_COPY", "1"),
