@@ -56,8 +56,9 @@
 #   written by the other cores, cost AMX 2.2-2.7 us more a 1024-column share than its own rows
 #   (one miss latency a k-step). First, in one call (`run82` of that session, never started):
 #   `LAB_WEIGHTS=l2,l3 LAB_GAPS=0 LAB_KERNELS=amx,amx_ahead,amx_twoa,amx_upfront,amx_copy,gemv1
-#   bash scripts/gpu_check.sh loop` (~20 s with the build skipped), then `python3 -m pytest -x tests/kernels/test_linear_packed.py
-#   -k "ahead or settings_are_checked or default or copy or twoa or keep"` after a HOST_ONLY
+#   bash scripts/gpu_check.sh loop` (~20 s with the build skipped), then `python3 -m pytest -x
+#   tests/kernels/test_linear_packed.py -k "ahead or settings_are_checked or default or copy or
+#   twoa or keep"` after a HOST_ONLY
 #   build (the three new settings have never run on AMX: a failure drops them from the next
 #   step), then two or three rounds of `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4
 #   DRAFT_PATHS=fused DRAFT_THREADS=16 DRAFT_FORWARDS=96 DRAFT_SHAPES="draft-20m llama-68m
@@ -261,7 +262,8 @@ fi
 if want loop; then
   # one thread's share of a short linear between barriers: inputs other cores wrote, weights from
   # L2/L3/memory, gaps, the A tile's rows five ways (benchmarks/lab/cpu_amx_loop_lab.cpp)
-  echo "== the loop lab: $(nproc) threads, LAB_KERNELS=${LAB_KERNELS:-all} LAB_WEIGHTS=${LAB_WEIGHTS:-all}"
+  echo "== the loop lab: $(nproc) threads, LAB_KERNELS=${LAB_KERNELS:-all}," \
+    "LAB_WEIGHTS=${LAB_WEIGHTS:-all}"
   g++ -O3 -fopenmp -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mamx-tile -mamx-bf16 \
     benchmarks/lab/cpu_amx_loop_lab.cpp -o /tmp/amx_loop_lab || status=1
   OMP_NUM_THREADS="$(nproc)" OMP_PROC_BIND=close OMP_PLACES=cores /tmp/amx_loop_lab 400 8 \

@@ -111,8 +111,9 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_pass(const Share& 
     }
     if constexpr (A == kAhead) {
       if (st + kAheadSteps < steps) {
-        for (int m = 0; m < 16; ++m) {
-          if (m < s.M) _mm_prefetch(reinterpret_cast<const char*>(s.x + m * s.ldx + (st + kAheadSteps) * 32), _MM_HINT_T0);
+        for (int m = 0; m < s.M; ++m) {
+          const bf16* line = s.x + m * s.ldx + (st + kAheadSteps) * 32;
+          _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
         }
       }
     }
@@ -349,12 +350,9 @@ int main(int argc, char** argv) {
               int64_t gen = 0;
               for (int r = -20; r < rounds; ++r) {
                 // the last loop's output: a slice of every row (fresh) or all of the own rows
+                const auto value = static_cast<bf16>(0x3F80 + (r & 7));
                 for (int m = 0; m < M; ++m) {
-                  if (fresh) {
-                    for (int64_t c = c0; c < c1; ++c) x[m * K + c] = static_cast<bf16>(0x3F80 + (r & 7));
-                  } else {
-                    for (int64_t c = 0; c < K; ++c) x[m * K + c] = static_cast<bf16>(0x3F80 + (r & 7));
-                  }
+                  for (int64_t c = fresh ? c0 : 0; c < (fresh ? c1 : K); ++c) x[m * K + c] = value;
                 }
                 barrier.wait(t, ++gen);
                 if (gap > 0) spin_cycles(static_cast<uint64_t>(gap * tpu));
