@@ -136,6 +136,7 @@ void decode_layers(at::Tensor& hidden, const at::Tensor& positions,
                    int64_t num_kv_heads, int64_t head_size, double epsilon, double scale,
                    bool is_neox, const std::vector<at::Tensor>& packed,
                    const std::optional<at::Tensor>& stage_ms) {
+  SettingsScope settings;  // every setting looked up once for the step (or greedy_steps' call)
   StageClock clock(stage_ms);
   SmallOpSplit split;
   const int64_t num_layers = static_cast<int64_t>(key_caches.size());

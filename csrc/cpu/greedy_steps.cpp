@@ -33,6 +33,7 @@ void greedy_steps(at::Tensor& tokens, const at::Tensor& input_ids, const at::Ten
                   const std::optional<at::Tensor>& query_start_loc,
                   const std::optional<at::Tensor>& step_ms) {
   auto step_start = std::chrono::steady_clock::now();  // the first step's: the call's start
+  SettingsScope settings;  // every setting looked up once for the call's steps
   TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong && tokens.is_contiguous(),
               "tokens must be a contiguous int64 [steps, rows] tensor, got ", tokens.sizes(), " ",
               tokens.scalar_type());

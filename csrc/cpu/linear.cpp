@@ -561,7 +561,7 @@ VLLM_BF16_TARGET void tiles_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFl
 // VLLM_CPU_GEMV_STREAMS (read at every call): 2 (default) reads the block of weight rows of a
 // GEMV of 1 or 2 input rows as two streams, its two halves side by side; 1 as one.
 int gemv_streams() {
-  const char* v = std::getenv("VLLM_CPU_GEMV_STREAMS");
+  const char* v = setting_value("VLLM_CPU_GEMV_STREAMS");
   if (v == nullptr || std::string(v) == "2") return 2;
   TORCH_CHECK(std::string(v) == "1", "VLLM_CPU_GEMV_STREAMS must be 1 or 2, got '", v, "'");
   return 1;

@@ -85,7 +85,7 @@ bool amx_usable() {
 // 1.2-1.4x at 1-2.
 constexpr int64_t kAutoMinRows = 8;
 int64_t amx_min_rows() {
-  const char* v = std::getenv("VLLM_CPU_AMX");
+  const char* v = setting_value("VLLM_CPU_AMX");
   if (v == nullptr || std::string(v) == "auto") return kAutoMinRows;
   if (std::string(v) == "0") return kSmallMaxRows + 1;
   TORCH_CHECK(std::string(v) == "all", "VLLM_CPU_AMX must be 0, auto or all, got '", v, "'");
@@ -101,7 +101,7 @@ int64_t amx_min_rows() {
 // load whose lines wait in L2 costs more than its multiply), batch 1 unchanged (it runs no AMX).
 enum AmxPrefetch : int { kNoPrefetch = 0, kPrefetchL2 = 1, kPrefetchL1 = 2 };
 int amx_prefetch() {
-  const char* v = std::getenv("VLLM_CPU_AMX_PREFETCH");
+  const char* v = setting_value("VLLM_CPU_AMX_PREFETCH");
   if (v == nullptr || std::string(v) == "l1") return kPrefetchL1;
   if (std::string(v) == "1") return kPrefetchL2;
   TORCH_CHECK(std::string(v) == "0", "VLLM_CPU_AMX_PREFETCH must be 0, 1 or l1, got '", v, "'");
