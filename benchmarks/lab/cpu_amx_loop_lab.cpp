@@ -119,23 +119,22 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_pass(const Share& 
     }
     if constexpr (A == kTwoA) {
       static_assert(NB <= 2, "tiles 0-1 sums, 4/6 A, 5/7 B");
+      // the tile intrinsics take their tiles as literals: one k-step with A tile TA, the two
+      // panels' B tiles TB0 and TB1
+#define LAB_TWO_A_STEP(TA, TB0, TB1)                  \
+  _tile_loadd(TA, s.x + st * 32, s.ldx * 2);          \
+  _tile_loadd(TB0, b, 64);                            \
+  _tile_dpbf16ps(0, TA, TB0);                         \
+  if constexpr (NB > 1) {                             \
+    _tile_loadd(TB1, b + panel, 64);                  \
+    _tile_dpbf16ps(1, TA, TB1);                       \
+  }
       if (st & 1) {
-        _tile_loadd(6, s.x + st * 32, s.ldx * 2);
-        _tile_loadd(7, b, 64);
-        _tile_dpbf16ps(0, 6, 7);
-        if constexpr (NB > 1) {
-          _tile_loadd(5, b + panel, 64);
-          _tile_dpbf16ps(1, 6, 5);
-        }
+        LAB_TWO_A_STEP(6, 7, 5)
       } else {
-        _tile_loadd(4, s.x + st * 32, s.ldx * 2);
-        _tile_loadd(5, b, 64);
-        _tile_dpbf16ps(0, 4, 5);
-        if constexpr (NB > 1) {
-          _tile_loadd(7, b + panel, 64);
-          _tile_dpbf16ps(1, 4, 7);
-        }
+        LAB_TWO_A_STEP(4, 5, 7)
       }
+#undef LAB_TWO_A_STEP
       continue;
     }
     _tile_loadd(4, s.x + st * 32, s.ldx * 2);
