@@ -129,7 +129,8 @@ def print_report(result: dict) -> None:
         print("(nan: the prefill-only runs took as long as the full runs, so no decode time "
               "can be told apart in this run)")
     print(f"(floor: weights + mean KV bytes over {result['copy_bandwidth_gbps']:.0f} GB/s "
-          f"measured on {result['device']} in this run; decode ms = per output token)")
+          f"measured on {result['device']} in this run; decode ms = one decode step, a token "
+          f"for every sequence)")
     print(f"engine, ms per step (warm-up and timed runs): {phases_line(eng['engine_steps'])}"
           + (f"; k chosen {eng['controller']['k_histogram']}" if "controller" in eng else ""))
     spec = eng.get("spec_decode")

@@ -433,10 +433,10 @@ def _by_batch(pairs: list[tuple[int, float]]) -> tuple[list[int], list[float], l
 
 
 def plot_latency(results: list[dict], path: str) -> str:
-    """Decode step (ms per output token) against batch size, one line per configuration
-    (engine solid, transformers baseline dash-dot) through the median of its runs at each batch
-    size, bars from the fastest to the slowest run; the floor dashed in the configuration's
-    colour. The y axis is logarithmic when the figures span more than 10x."""
+    """Decode step (ms; a token for every sequence) against batch size, one line per
+    configuration (engine solid, transformers baseline dash-dot) through the median of its runs
+    at each batch size, bars from the fastest to the slowest run; the floor dashed in the
+    configuration's colour. The y axis is logarithmic when the figures span more than 10x."""
     groups = defaultdict(list)
     for r in results:
         if "engine" in r:
@@ -477,7 +477,7 @@ def plot_latency(results: list[dict], path: str) -> str:
     else:
         ax.set_ylim(bottom=0)
     ax.set_xlabel("batch size (sequences)")
-    ax.set_ylabel("decode step (ms per output token)")
+    ax.set_ylabel("decode step (ms; a token for every sequence)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7.5, loc="best")
     return save(fig, title_of("Decode step against batch size (dashed: floor)", results), path)
