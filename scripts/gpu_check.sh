@@ -50,22 +50,19 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, from the fortieth session (RESULTS.md): three kinds of H100 host
+#   (the next lease's plan, from the forty-first session (RESULTS.md): three kinds of H100 host
 #   have been lent (105 MB of L3: draft-20m's batch 8 over batch 1 1.31-1.36; run 79's: 1.24;
-#   300 MB: 1.12-1.32, median 1.20). The AMX loop lab (run 81) found a thread's 8 input rows,
-#   written by the other cores, cost AMX 2.2-2.7 us more a 1024-column share than its own rows
-#   (one miss latency a k-step). First, in one call (`run82` of that session, never started):
-#   `LAB_WEIGHTS=l2,l3 LAB_GAPS=0 LAB_KERNELS=amx,amx_ahead,amx_twoa,amx_upfront,amx_copy,gemv1
-#   bash scripts/gpu_check.sh loop` (~20 s with the build skipped), then `python3 -m pytest -x
-#   tests/kernels/test_linear_packed.py -k "ahead or settings_are_checked or default or copy or
-#   twoa or keep"` after a HOST_ONLY
-#   build (the three new settings have never run on AMX: a failure drops them from the next
-#   step), then two or three rounds of `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4
-#   DRAFT_PATHS=fused DRAFT_THREADS=16 DRAFT_FORWARDS=96 DRAFT_SHAPES="draft-20m llama-68m
-#   smollm2-135m" DRAFT_SETTINGS="default;keep:VLLM_CPU_AMX_KEEP_TILES=1;ahead4:
-#   VLLM_CPU_AMX_INPUT_AHEAD=4;copy:VLLM_CPU_AMX_INPUT_COPY=1;twoa:VLLM_CPU_AMX_TWO_A=1" ...
-#   draft` (draft-20m alone first: it is the shape off the bar). Keep whichever of the three
-#   beats default in every round as the default and remove the others.
+#   300 MB: 1.12-1.32). Run 83 (300 MB host) made VLLM_CPU_AMX_INPUT_AHEAD=4 the default
+#   (draft-20m's batch 8 0.95-0.98x the time of 0 in three rounds; copying the input rows or two
+#   A tiles did not pay and were removed). Next, in one call on whatever host comes (lscpu
+#   first; the 105 MB host is the one off the bar): three rounds of `HOST_ONLY=1 DRAFT_HOLD=1
+#   DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=16 DRAFT_FORWARDS=96
+#   DRAFT_SHAPES=draft-20m DRAFT_SETTINGS="default;ahead0:VLLM_CPU_AMX_INPUT_AHEAD=0;ahead8:
+#   VLLM_CPU_AMX_INPUT_AHEAD=8;keep:VLLM_CPU_AMX_KEEP_TILES=1" bash scripts/gpu_check.sh draft`,
+#   then two rounds of llama-68m and smollm2-135m. Read batch 8 against the batch-1 rows of all
+#   settings pooled (batch 1 runs no AMX: its spread is the host's noise).
+#   A later call on the same warm machine must first stop the earlier call's background job
+#   (its pid file): run 84 timed while run 83's pair stage built and trained, and was lost.
 #   The controller on the GPU pair (run 70, 2 rounds): 3.00x plain against 3.41x for fixed k = 6
 #   ahead, with the same k chosen (k = 6 in 331 of 353 steps) and every phase slower; rerun
 #   with PAIR_ROUNDS=3 before reading it as the controller's.

@@ -118,11 +118,6 @@ class PanelKernel {
   explicit PanelKernel(int64_t most) : most(most) {}
   virtual ~PanelKernel() = default;
   virtual void begin() const {}
-  // The input rows a thread's tasks read (row stride in *ld): x itself, or a copy the kernel
-  // makes of them once a chunk (AMX: VLLM_CPU_AMX_INPUT_COPY).
-  virtual const c10::BFloat16* chunk_input(const c10::BFloat16* x, int64_t* ld) const {
-    return x;
-  }
   virtual void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
                    int64_t next_end) const = 0;
   virtual void end() const {}

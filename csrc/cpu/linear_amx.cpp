@@ -270,24 +270,16 @@ inline void prefetch_streams(const c10::BFloat16* packed, int64_t panel, int64_t
   }
 }
 
-// VLLM_CPU_AMX_INPUT_AHEAD (read at every call; default 0): the input rows' line of k-step
-// s + N prefetched into L1 at k-step s (the first N at a pass's start). The A tile's 8-16 rows
-// are lines other cores wrote in the loop before: 8 rows of 1024 columns written by 16 other
-// cores cost a thread 3.5 us a panel against 1.3 from its own cache (H100 machine's host,
+// VLLM_CPU_AMX_INPUT_AHEAD (read at every call; default 4; 0: off): the input rows' line of
+// k-step s + N prefetched into L1 at k-step s (the first N at a pass's start). The A tile's 8-16
+// rows are lines other cores wrote in the loop before: 8 rows of 1024 columns written by 16
+// other cores cost a thread 3.5 us a panel against 1.3 from its own cache (H100 machine's host,
 // benchmarks/lab/cpu_amx_loop_lab.cpp, run 81), as if each k-step waited out its misses before
-// the next k-step's loads began.
+// the next k-step's loads began. With 4, draft-20m's batch-8 forward took 0.95-0.98x the time
+// without in three rounds (run 83); copying the rows first or two A tiles by turns did not pay.
 int64_t amx_input_ahead() {
-  return setting_number("VLLM_CPU_AMX_INPUT_AHEAD", 0, 0, 64, "a number of k-steps from 0 to 64");
+  return setting_number("VLLM_CPU_AMX_INPUT_AHEAD", 4, 0, 64, "a number of k-steps from 0 to 64");
 }
-
-// VLLM_CPU_AMX_INPUT_COPY (read at every call; default 0): each thread copies its input rows
-// into a buffer of its own (vector loads: many lines in flight) before its first task, and the
-// A tiles read the copy (the lab's amx_copy against the same question as INPUT_AHEAD).
-bool amx_input_copy() { return switched_on("VLLM_CPU_AMX_INPUT_COPY", false); }
-
-// VLLM_CPU_AMX_TWO_A (read at every call; default 0): to 16 rows, the input rows' A tile two
-// tiles by turns (two_a_step), the lab's amx_twoa against the same question.
-bool amx_two_a() { return switched_on("VLLM_CPU_AMX_TWO_A", false); }
 
 // The input rows' 64 bytes of k-step s, rows 0 .. rows - 1, requested into L1.
 inline void prefetch_input(const c10::BFloat16* x, int64_t ldx, int64_t rows, int64_t s) {
@@ -296,41 +288,13 @@ inline void prefetch_input(const c10::BFloat16* x, int64_t ldx, int64_t rows, in
   }
 }
 
-// One k-step of packed_panels_amx with two A tiles (VLLM_CPU_AMX_TWO_A): the input rows into
-// tile A (4 or 5 by turns, so that a k-step's A load need not wait for the last k-step's
-// multiplies to free the tile), the NB panels' B tiles into 6 and 7 by turns.
-// (The tile intrinsics name their tiles as literals, hence a macro for tiles 4 and 5.)
-#define VLLM_TWO_A_STEP(A)                                                                    \
-  template <int NB>                                                                           \
-  VLLM_AMX_TARGET inline void two_a_step_##A(const c10::BFloat16* xs, int64_t ldx,            \
-                                             const c10::BFloat16* b, int64_t panel) {         \
-    _tile_loadd(A, xs, ldx * 2);                                                              \
-    _tile_loadd(6, b, 64);                                                                    \
-    _tile_dpbf16ps(0, A, 6);                                                                  \
-    if constexpr (NB > 1) {                                                                   \
-      _tile_loadd(7, b + panel, 64);                                                          \
-      _tile_dpbf16ps(1, A, 7);                                                                \
-    }                                                                                         \
-    if constexpr (NB > 2) {                                                                   \
-      _tile_loadd(6, b + 2 * panel, 64);                                                      \
-      _tile_dpbf16ps(2, A, 6);                                                                \
-    }                                                                                         \
-    if constexpr (NB > 3) {                                                                   \
-      _tile_loadd(7, b + 3 * panel, 64);                                                      \
-      _tile_dpbf16ps(3, A, 7);                                                                \
-    }                                                                                         \
-  }
-VLLM_TWO_A_STEP(4)
-VLLM_TWO_A_STEP(5)
-#undef VLLM_TWO_A_STEP
-
 // The packed copy's panels pb .. pb + NB against the m_dim input rows: the input rows are the A
 // operand (m_dim rows x 32 columns per k-step, read in place), the packed panel's k-step the B
 // operand (its 16 column pairs x 16 weight rows are the 1 KB at panel + 512 s: the tile layout
 // itself). C tile t = out[m][16 (pb + t) + n], m_dim rows x 16 fp32, stored to c + 256 t.
-// prefetch (VLLM_CPU_AMX_PREFETCH: an AmxPrefetch): each k-step prefetch_streams; TwoA:
-// two_a_step_4 and _5 by turns; input_ahead: prefetch_input.
-template <int NB, bool TwoA>
+// prefetch (VLLM_CPU_AMX_PREFETCH: an AmxPrefetch): each k-step prefetch_streams; input_ahead
+// (VLLM_CPU_AMX_INPUT_AHEAD): prefetch_input.
+template <int NB>
 VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t ldx,
                                        int64_t rows, const c10::BFloat16* packed,
                                        int64_t pairs, int64_t steps, int64_t pb, int prefetch,
@@ -350,15 +314,6 @@ VLLM_AMX_TARGET void packed_panels_amx(float* c, const c10::BFloat16* x, int64_t
       prefetch_streams<NB>(packed, panel, steps, pb, next_end, s, prefetch == kPrefetchL1);
     }
     if (input_ahead > 0 && s + input_ahead < steps) prefetch_input(x, ldx, rows, s + input_ahead);
-    if constexpr (TwoA) {
-      const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
-      if (s & 1) {
-        two_a_step_5<NB>(x + s * kTileK, ldx, b, panel);
-      } else {
-        two_a_step_4<NB>(x + s * kTileK, ldx, b, panel);
-      }
-      continue;
-    }
     _tile_loadd(4, x + s * kTileK, ldx * 2);
     const c10::BFloat16* b = b0 + s * kTileK * kPackRows;
     _tile_loadd(5, b, 64);
@@ -505,13 +460,12 @@ class AmxPanels final : public PanelKernel {
         pairs_(k_dim / 2), steps_(k_dim / kTileK),
         groups_(static_cast<int>((m_dim + kTileRows - 1) / kTileRows)),
         prefetch_(amx_prefetch()), keep_tiles_(amx_keep_tiles()),
-        input_ahead_(amx_input_ahead()), input_copy_(amx_input_copy()),
-        two_a_(amx_two_a()) {}
+        input_ahead_(amx_input_ahead()) {}
 
   void begin() const override {
     if (m_ <= kMaxRows) {
       const auto m = static_cast<uint8_t>(m_);
-      load_tile_config({m, m, m, m, m, two_a_ ? m : uint8_t{16}, 16, 16}, keep_tiles_);
+      load_tile_config({m, m, m, m, m, 16, 16, 16}, keep_tiles_);
     } else if (m_ <= kMaxPackedRows) {
       const auto m1 = static_cast<uint8_t>(m_ - kMaxRows);
       load_tile_config({16, 16, m1, m1, 16, m1, 16, 16}, keep_tiles_);
@@ -525,29 +479,14 @@ class AmxPanels final : public PanelKernel {
     }
   }
 
-  const c10::BFloat16* chunk_input(const c10::BFloat16* x, int64_t* ld) const override {
-    if (!input_copy_) return x;
-    thread_local std::vector<c10::BFloat16> copy;
-    const int64_t k = steps_ * kTileK;
-    copy.resize(static_cast<size_t>(m_ * k));
-    for (int64_t m = 0; m < m_; ++m) std::memcpy(copy.data() + m * k, x + m * *ld, k * 2);
-    *ld = k;
-    return copy.data();
-  }
-
   void run(int64_t pb, int nb, const c10::BFloat16* x, int64_t ldx,
            int64_t next_end) const override {
     alignas(64) float c[4 * 256];
     if (m_ <= kMaxRows) {
       for_rows_left<kPackedPanels>(nb, [&](auto panels_now) {
         constexpr int nb_now = decltype(panels_now)::value;
-        if (two_a_) {
-          packed_panels_amx<nb_now, true>(c, x, ldx, m_, packed_, pairs_, steps_, pb, prefetch_,
-                                          next_end, input_ahead_);
-        } else {
-          packed_panels_amx<nb_now, false>(c, x, ldx, m_, packed_, pairs_, steps_, pb,
-                                           prefetch_, next_end, input_ahead_);
-        }
+        packed_panels_amx<nb_now>(c, x, ldx, m_, packed_, pairs_, steps_, pb, prefetch_,
+                                  next_end, input_ahead_);
       });
       write_panels(out_, ldo_, c, bias_, m_, n_, pb, nb);
     } else if (m_ <= kMaxPackedRows) {
@@ -585,8 +524,6 @@ class AmxPanels final : public PanelKernel {
   int prefetch_;
   bool keep_tiles_;
   int64_t input_ahead_;
-  bool input_copy_;
-  bool two_a_;
 };
 
 }  // namespace

@@ -203,7 +203,6 @@ void run_panels(const PanelKernel& kernel, const c10::BFloat16* x, int64_t ldx, 
       rows = x;
       ld = ldx;
     }
-    rows = kernel.chunk_input(rows, &ld);
     const int64_t next_end = std::min(end * per, span);  // this thread's panels' end
     kernel.begin();
     for (int64_t t = begin; t < end; ++t) {

@@ -1,6 +1,5 @@
 // The CPU decode path's 0/1 settings, read at every call, on (1) by default; any other value is
-// an error naming it (also linear_amx.cpp's VLLM_CPU_AMX_KEEP_TILES, VLLM_CPU_AMX_INPUT_COPY and
-// VLLM_CPU_AMX_TWO_A, each off by default).
+// an error naming it (also linear_amx.cpp's VLLM_CPU_AMX_KEEP_TILES, off by default).
 //   VLLM_CPU_DECODE_TEAM: a decode_layers step, or all of a greedy_steps call's steps, in one
 //     parallel region, its loops handed to the region's spinning threads (team.h); 0: a region
 //     per loop.

@@ -121,13 +121,10 @@ def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
     ("VLLM_CPU_AMX_INPUT_AHEAD", "65", "must be a number of k-steps from 0 to 64"),
     ("VLLM_CPU_AMX_INPUT_AHEAD", "-1", "must be a number of k-steps from 0 to 64"),
     ("VLLM_CPU_AMX_INPUT_AHEAD", "4x", "must be a number of k-steps from 0 to 64"),
-    ("VLLM_CPU_AMX_INPUT_COPY", "yes", "must be 0 or 1"),
-    ("VLLM_CPU_AMX_TWO_A", "2", "must be 0 or 1"),
 ])
 def test_amx_settings_are_checked(name, value, message, monkeypatch):
     """The packed AMX tiles' settings, read at each call: VLLM_CPU_AMX_PREFETCH takes 0, 1 or
-    l1, VLLM_CPU_AMX_KEEP_TILES, VLLM_CPU_AMX_INPUT_COPY and VLLM_CPU_AMX_TWO_A 0 or 1,
-    VLLM_CPU_AMX_INPUT_AHEAD 0 to 64; anything else is an error naming the setting."""
+    l1, VLLM_CPU_AMX_KEEP_TILES 0 or 1, VLLM_CPU_AMX_INPUT_AHEAD 0 to 64; anything else is an error naming the setting."""
     monkeypatch.setenv(name, value)
     check_packed_setting_error(name, message)
 
@@ -181,7 +178,7 @@ def test_kept_tiles_are_reconfigured_where_the_rows_change(threads, monkeypatch)
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
 @pytest.mark.parametrize("setting", ["default", "l2", "0", "grain32", "grain1", "keep",
-                                     "ahead4", "ahead64", "copy", "twoa"])
+                                     "ahead0", "ahead64"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
 @pytest.mark.parametrize("m", [4, 8, 16, 24])
 @pytest.mark.parametrize("n,k", [(576, 1536), (84, 96), (2048, 576), (256, 256)])
@@ -191,25 +188,22 @@ def test_linear_packed_panels_per_task(amx, setting, threads, m, n, k, monkeypat
     most; 6 panels on 3 threads: 2; 256 x 256, draft-20m's o: 16 panels of 8 KB, on 4 threads
     at a 32 KB grain, on every thread at 8 or 1): the same sums at every thread count (4 rows:
     the AVX512 tiles either way; 24 rows: AMX's two row groups, or the register tiles with AMX
-    off). The defaults (the AMX tiles prefetching each thread's next panels into L1, released
-    after each loop, a grain of 8 KB) and each changed alone: prefetches into L2
-    (VLLM_CPU_AMX_PREFETCH=1) or none (0), a grain of 32 or 1 KB (VLLM_CPU_PACKED_GRAIN_KB), the
-    tiles kept configured between loops (VLLM_CPU_AMX_KEEP_TILES=1), the input rows prefetched 4
-    k-steps ahead or 64 (past every k-step here: only the pass's start requests them;
-    VLLM_CPU_AMX_INPUT_AHEAD), each thread's input rows copied before its first task
-    (VLLM_CPU_AMX_INPUT_COPY=1), two A tiles by turns (VLLM_CPU_AMX_TWO_A=1: 4-16 rows)."""
+    off). The defaults (the AMX tiles prefetching each thread's next panels into L1 and the
+    input rows 4 k-steps ahead, released after each loop, a grain of 8 KB) and each changed
+    alone: prefetches into L2 (VLLM_CPU_AMX_PREFETCH=1) or none (0), a grain of 32 or 1 KB
+    (VLLM_CPU_PACKED_GRAIN_KB), the tiles kept configured between loops
+    (VLLM_CPU_AMX_KEEP_TILES=1), the input rows not prefetched or 64 k-steps ahead (past every
+    k-step here: only the pass's start requests them; VLLM_CPU_AMX_INPUT_AHEAD)."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
     for name in ("VLLM_CPU_AMX_PREFETCH", "VLLM_CPU_PACKED_GRAIN_KB", "VLLM_CPU_AMX_KEEP_TILES",
-                 "VLLM_CPU_AMX_INPUT_AHEAD", "VLLM_CPU_AMX_INPUT_COPY", "VLLM_CPU_AMX_TWO_A"):
+                 "VLLM_CPU_AMX_INPUT_AHEAD"):
         monkeypatch.delenv(name, raising=False)
     changed = {"l2": ("VLLM_CPU_AMX_PREFETCH", "1"), "0": ("VLLM_CPU_AMX_PREFETCH", "0"),
                "grain32": ("VLLM_CPU_PACKED_GRAIN_KB", "32"),
                "grain1": ("VLLM_CPU_PACKED_GRAIN_KB", "1"),
                "keep": ("VLLM_CPU_AMX_KEEP_TILES", "1"),
-               "ahead4": ("VLLM_CPU_AMX_INPUT_AHEAD", "4"),
-               "ahead64": ("VLLM_CPU_AMX_INPUT_AHEAD", "64"),
-               "copy": ("VLLM_CPU_AMX_INPUT_COPY", "1"),
-               "twoa": ("VLLM_CPU_AMX_TWO_A", "1")}.get(setting)
+               "ahead0": ("VLLM_CPU_AMX_INPUT_AHEAD", "0"),
+               "ahead64": ("VLLM_CPU_AMX_INPUT_AHEAD", "64")}.get(setting)
     if changed is not None:
         monkeypatch.setenv(*changed)
     saved = torch.get_num_threads()
