@@ -124,7 +124,8 @@ def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
 ])
 def test_amx_settings_are_checked(name, value, message, monkeypatch):
     """The packed AMX tiles' settings, read at each call: VLLM_CPU_AMX_PREFETCH takes 0, 1 or
-    l1, VLLM_CPU_AMX_KEEP_TILES 0 or 1, VLLM_CPU_AMX_INPUT_AHEAD 0 to 64; anything else is an error naming the setting."""
+    l1, VLLM_CPU_AMX_KEEP_TILES 0 or 1, VLLM_CPU_AMX_INPUT_AHEAD 0 to 64; anything else is an
+    error naming the setting."""
     monkeypatch.setenv(name, value)
     check_packed_setting_error(name, message)
 
