@@ -484,9 +484,8 @@ class AmxPanels final : public PanelKernel {
     alignas(64) float c[4 * 256];
     if (m_ <= kMaxRows) {
       for_rows_left<kPackedPanels>(nb, [&](auto panels_now) {
-        constexpr int nb_now = decltype(panels_now)::value;
-        packed_panels_amx<nb_now>(c, x, ldx, m_, packed_, pairs_, steps_, pb, prefetch_,
-                                  next_end, input_ahead_);
+        packed_panels_amx<decltype(panels_now)::value>(c, x, ldx, m_, packed_, pairs_, steps_,
+                                                       pb, prefetch_, next_end, input_ahead_);
       });
       write_panels(out_, ldo_, c, bias_, m_, n_, pb, nb);
     } else if (m_ <= kMaxPackedRows) {
