@@ -403,6 +403,28 @@ def print_summary(rows: list[dict], picks: dict) -> None:
         print(f"{model:<14} {dtype:<9} {path:<6} {best['ms_per_forward']:6.3f} ms = "
               f"{best['ms_per_forward'] / best['floor_ms']:.2f}x floor at {best['threads']} thr "
               f"{'' if low == 1 else f'(batch {low}) '}({pick_txt}); {', '.join(ratios) or '-'}")
+    print_pooled(rows)
+
+
+def print_pooled(rows: list[dict]) -> None:
+    """Where settings were timed in turns (rows labelled "path setting"): at each thread count,
+    batch b's ms of each setting over the median batch-1 ms of all of them. For settings that
+    cannot touch batch 1 (the AMX tiles run at 2 rows and more) the batch-1 rows differ only by
+    the host's noise, and the median of them is a steadier baseline than a setting's own."""
+    groups: dict = {}
+    for r in rows:
+        path, _, setting = r["path"].partition(" ")
+        if setting:
+            groups.setdefault((r["model"], r["dtype"], path, r["threads"]), []).append(r)
+    if groups:
+        print("\n== pooled: batch b / the median batch 1 of all settings, by setting")
+    for (model, dtype, path, threads), mine in sorted(groups.items()):
+        low = min(r["batch_size"] for r in mine)
+        pooled = statistics.median(r["ms_per_forward"] for r in mine if r["batch_size"] == low)
+        ratios = [f"{r['path'].partition(' ')[2]} b{r['batch_size']}/b{low} "
+                  f"{r['ms_per_forward'] / pooled:.2f}" for r in mine if r["batch_size"] != low]
+        print(f"{model:<14} {dtype:<9} {path:<6} {threads:>3} thr: b{low} {pooled:.3f} ms; "
+              f"{', '.join(ratios) or '-'}")
 
 
 def batch_sizes_arg(text: str) -> list[int]:

@@ -227,7 +227,7 @@ if want draft; then
     --output-json "$OUT_DIR/draft_forward${DRAFT_TAG:-}.json" \
     > "$OUT_DIR/draft_forward${DRAFT_TAG:-}.log" 2>&1 || status=1
   grep -E "thr  batch|by stage" "$OUT_DIR/draft_forward${DRAFT_TAG:-}.log" | tail -90
-  grep -A12 "== summary" "$OUT_DIR/draft_forward${DRAFT_TAG:-}.log"
+  grep -A12 -E "== (summary|pooled)" "$OUT_DIR/draft_forward${DRAFT_TAG:-}.log"
   if [ -n "${DRAFT_PROFILE:-}" ]; then  # where a batch-8 step goes at all cores, by op
     "$PY" benchmarks/benchmark_draft.py --model /tmp/draft-20m,/tmp/llama-68m,/tmp/smollm2-135m \
       --load-format dummy --dtypes bfloat16 --threads "$(nproc)" --batch-sizes 8 --paths fused \

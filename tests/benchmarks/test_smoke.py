@@ -344,6 +344,28 @@ def test_draft_summary_sets_batch_ratios_beside_their_floors(capsys):
     assert line.endswith("1.600 ms = 2.13x floor at 2 thr (batch 8) (2.13x at 2); -")
 
 
+def test_draft_pooled_summary_reads_each_setting_over_the_median_batch_one(capsys):
+    """With settings timed in turns, batch b of each setting is read over the median batch-1
+    time of all settings at that thread count (not over the setting's own batch 1)."""
+    from benchmarks.benchmark_draft import print_pooled
+    row = dict(model="m", dtype="bfloat16", threads=16, floor_ms=0.3)
+    rows = [dict(row, path="fused a", batch_size=1, ms_per_forward=0.30),
+            dict(row, path="fused b", batch_size=1, ms_per_forward=0.40),
+            dict(row, path="fused c", batch_size=1, ms_per_forward=0.32),
+            dict(row, path="fused a", batch_size=8, ms_per_forward=0.48),
+            dict(row, path="fused b", batch_size=8, ms_per_forward=0.40),
+            dict(row, path="fused c", batch_size=8, ms_per_forward=0.64),
+            dict(row, path="fused a", threads=4, batch_size=1, ms_per_forward=1.0),
+            dict(row, path="fused a", threads=4, batch_size=8, ms_per_forward=1.5)]
+    print_pooled(rows)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2].endswith("4 thr: b1 1.000 ms; a b8/b1 1.50")
+    assert lines[-1].endswith("16 thr: b1 0.320 ms; a b8/b1 1.50, b b8/b1 1.25, c b8/b1 2.00")
+    # rows of one setting only (no label after the path): nothing pooled, nothing printed
+    print_pooled([dict(r, path="fused") for r in rows])
+    assert capsys.readouterr().out == ""
+
+
 def test_the_amx_gap_lab_times_the_matrices_not_the_gaps():
     """benchmarks/lab/cpu_amx_gap_lab.py: the step's matrices in the fused step's order (each
     layer's qkv, o, gate_up, down, then the LM head), and a step's time is its calls' own, the
