@@ -311,7 +311,8 @@ def plot_draft_settings(ax, rows: list[dict], colors: list) -> None:
                 ax.plot([x - width * 0.3, x + width * 0.3], [r["min"]] * 2, color="black", lw=1)
             if "floor_ms" in r:
                 ax.plot([x - width * 0.45, x + width * 0.45], [value(r["floor_ms"])] * 2, "--",
-                        color=color, lw=1.2, label=f"batch {bs}, {dtype}: floor" if j == 0 else None)
+                        color=color, lw=1.2,
+                        label=f"batch {bs}, {dtype}: floor" if j == 0 else None)
     ax.set_xticks(range(len(paths)))
     ax.set_xticklabels([p or "default" for p in paths], fontsize=7, rotation=30, ha="right")
     ax.set_ylabel(f"ms a forward at {rows[0]['threads']} threads (median; tick: min)",

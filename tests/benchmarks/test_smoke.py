@@ -67,7 +67,8 @@ def test_benchmark_spec_decode(tmp_path, tiny_llama):
     assert [(r["proposer"], r["k"]) for r in rows] == [("none", 0), ("draft-cpu", 2),
                                                        ("ngram", 2)]
     assert all(r["identical_to_plain"] for r in rows[1:])
-    assert rows[1]["acceptance_rate"] == 1.0 and rows[1]["tau"] > 2  # draft == target (8 tokens: 1 + 3 + 3 + 1)
+    # draft == target (8 tokens: 1 + 3 + 3 + 1)
+    assert rows[1]["acceptance_rate"] == 1.0 and rows[1]["tau"] > 2
     assert result["floors"]["target_step_floor_ms"] > 0
     assert result["floors"]["draft_forward_floor_ms"] > 0
     hf = result["hf_transformers"]

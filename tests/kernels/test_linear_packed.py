@@ -107,8 +107,8 @@ def test_opcheck():
 def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
     """Packed weights through AMX tiles where the CPU has them (VLLM_CPU_AMX: 0 never, auto
     8-64 rows, all 1-64: 17-32 rows as two row groups against two panels a pass, 33-64 as 3-4
-    groups against one; K a multiple of 32), the packed AVX512 tiles or linear_small's kernels elsewhere: the
-    reference's sums, strided input and out rows and a bias included."""
+    groups against one; K a multiple of 32), the packed AVX512 tiles or linear_small's kernels
+    elsewhere: the reference's sums, strided input and out rows and a bias included."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
     check_strided_bf16_linear("linear_packed amx", lambda out, x, w, b: ops.linear_packed(
         out, x, w, ops.pack_linear(w), b), m, n, k)
