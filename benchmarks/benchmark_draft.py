@@ -409,7 +409,7 @@ def print_summary(rows: list[dict], picks: dict) -> None:
 def print_pooled(rows: list[dict]) -> None:
     """Where settings were timed in turns (rows labelled "path setting"): at each thread count,
     batch b's ms of each setting over the median batch-1 ms of all of them. For settings that
-    cannot touch batch 1 (the AMX tiles run at 2 rows and more) the batch-1 rows differ only by
+    cannot touch batch 1 (the AMX tiles run from 8 rows) the batch-1 rows differ only by
     the host's noise, and the median of them is a steadier baseline than a setting's own."""
     groups: dict = {}
     for r in rows:
