@@ -119,10 +119,16 @@ def test_benchmark_serving(tmp_path, tiny_llama):
         out = tmp_path / "s.json"
         run("benchmark_serving.py", "--base-url", server.base_url, "--model",
             server.served_name, "--num-prompts", "6", "--request-rate", "20", "--input-len", "8",
-            "--output-len", "6", "--vocab-size", "300", "--output-json", str(out))
+            "--output-len", "32", "--vocab-size", "300", "--output-json", str(out))
         result = json.loads(out.read_text())
         assert result["completed"] == 6 and result["failed"] == 0
+        # every token counted (ignore_eos), from the stream's usage chunk
+        assert round(result["output_throughput"] * result["duration_s"]) == 6 * 32
+        # a slow reader gets the tokens made meanwhile in one chunk (the outputs are cumulative):
+        # at 6 tokens a request, a loaded 2-core CI machine once got every request's whole
+        # output in one chunk, so no inter-token gap; 32 leave the engine's steps room
         assert result["ttft_ms"]["50"] > 0 and result["itl_ms"]["50"] is not None
+        assert result["tpot_ms"]["50"] > 0
     finally:
         server.stop()
 
