@@ -75,10 +75,6 @@ _VARIABLES: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                      "the weights' packed copies), all 1 to 16 (64) (H200 host, a draft step's "
                      "matrices: 0.40-0.89x the AVX512 kernels' time at 8-16 rows, 0.93-1.4x at "
                      "1-4)"),
-    "VLLM_CPU_AMX_MIN_KB": (int, 0,
-                            "KB a bf16 linear's weight needs at least for the AMX tiles (read "
-                            "by the kernel at each call; default 0: every weight): smaller ones "
-                            "keep the AVX512 kernels at any row count (not measured yet)"),
     "VLLM_CPU_AMX_PREFETCH": (_one_of("0", "1", "l1"), "l1",
                               "the packed AMX tiles prefetch each weight stream two k-steps "
                               "ahead, into the thread's next panels at a pass's end (read by "

@@ -92,16 +92,6 @@ int64_t amx_min_rows() {
   return 1;
 }
 
-// VLLM_CPU_AMX_MIN_KB (read at every call; default 0): a linear whose weight has fewer KB keeps
-// the AVX512 kernels at any row count. For a step's small matrices, where a loop is a few KB a
-// thread between barriers: a draft-20m layer's four are 128-768 KB, its LM head 16 MB. Not
-// measured yet on an AMX host (the forty-third session's lease plan).
-bool amx_weight_takes(int64_t n_dim, int64_t k_dim) {
-  const int64_t min_kb = setting_number("VLLM_CPU_AMX_MIN_KB", 0, 0, int64_t{1} << 30,
-                                        "a number of KB from 0 to 2^30");
-  return n_dim * k_dim * 2 >= (min_kb << 10);
-}
-
 // VLLM_CPU_AMX_PREFETCH (read at every call): the packed AMX tiles' weight streams prefetched
 // ahead (packed_panels_amx) into L1 (l1, the default), into L2 (1), or left to the hardware
 // prefetchers (0), which restart 3 of a pass's 4 streams at every pass. 1 against 0:
@@ -218,7 +208,7 @@ bool linear_amx_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16* x, in
                      const c10::BFloat16* w, const c10::BFloat16* bias, int64_t m_dim,
                      int64_t n_dim, int64_t k_dim) {
   if (m_dim > kMaxRows || m_dim < amx_min_rows() || k_dim % kTileK != 0 ||
-      n_dim < kTileRows || !amx_usable() || !amx_weight_takes(n_dim, k_dim)) {
+      n_dim < kTileRows || !amx_usable()) {
     return false;
   }
   std::vector<uint32_t> packed;
@@ -542,7 +532,7 @@ bool linear_amx_packed_bf16(c10::BFloat16* out, int64_t ldo, const c10::BFloat16
                             int64_t m_dim, int64_t n_dim, int64_t k_dim,
                             const LinearFold* fold) {
   if (m_dim > kSmallMaxRows || m_dim < amx_min_rows() || k_dim % kTileK != 0 ||
-      !amx_usable() || !amx_weight_takes(n_dim, k_dim)) {
+      !amx_usable()) {
     return false;
   }
   run_panels(AmxPanels(out, ldo, packed, bias, m_dim, n_dim, k_dim), x, ldx, n_dim, k_dim, fold);

@@ -121,13 +121,11 @@ def test_linear_packed_amx_setting(amx, m, n, k, monkeypatch):
     ("VLLM_CPU_AMX_INPUT_AHEAD", "65", "must be a number of k-steps from 0 to 64"),
     ("VLLM_CPU_AMX_INPUT_AHEAD", "-1", "must be a number of k-steps from 0 to 64"),
     ("VLLM_CPU_AMX_INPUT_AHEAD", "4x", "must be a number of k-steps from 0 to 64"),
-    ("VLLM_CPU_AMX_MIN_KB", "-1", "must be a number of KB from 0 to 2\\^30"),
-    ("VLLM_CPU_AMX_MIN_KB", "1k", "must be a number of KB from 0 to 2\\^30"),
 ])
 def test_amx_settings_are_checked(name, value, message, monkeypatch):
     """The packed AMX tiles' settings, read at each call: VLLM_CPU_AMX_PREFETCH takes 0, 1 or
-    l1, VLLM_CPU_AMX_KEEP_TILES 0 or 1, VLLM_CPU_AMX_INPUT_AHEAD 0 to 64, VLLM_CPU_AMX_MIN_KB
-    0 to 2^30; anything else is an error naming the setting."""
+    l1, VLLM_CPU_AMX_KEEP_TILES 0 or 1, VLLM_CPU_AMX_INPUT_AHEAD 0 to 64; anything else is an
+    error naming the setting."""
     monkeypatch.setenv(name, value)
     check_packed_setting_error(name, message)
 
@@ -181,7 +179,7 @@ def test_kept_tiles_are_reconfigured_where_the_rows_change(threads, monkeypatch)
 @needs_bf16_dot
 @pytest.mark.parametrize("amx", ["0", "auto"])
 @pytest.mark.parametrize("setting", ["default", "l2", "0", "grain32", "grain1", "keep",
-                                     "ahead0", "ahead64", "minkb"])
+                                     "ahead0", "ahead64"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
 @pytest.mark.parametrize("m", [4, 8, 16, 24])
 @pytest.mark.parametrize("n,k", [(576, 1536), (84, 96), (2048, 576), (256, 256)])
@@ -196,20 +194,17 @@ def test_linear_packed_panels_per_task(amx, setting, threads, m, n, k, monkeypat
     alone: prefetches into L2 (VLLM_CPU_AMX_PREFETCH=1) or none (0), a grain of 32 or 1 KB
     (VLLM_CPU_PACKED_GRAIN_KB), the tiles kept configured between loops
     (VLLM_CPU_AMX_KEEP_TILES=1), the input rows not prefetched or 64 k-steps ahead (past every
-    k-step here: only the pass's start requests them; VLLM_CPU_AMX_INPUT_AHEAD), AMX only for
-    weights of 1 MB or more (VLLM_CPU_AMX_MIN_KB=1024: the two smaller ones on the AVX512
-    tiles)."""
+    k-step here: only the pass's start requests them; VLLM_CPU_AMX_INPUT_AHEAD)."""
     monkeypatch.setenv("VLLM_CPU_AMX", amx)
     for name in ("VLLM_CPU_AMX_PREFETCH", "VLLM_CPU_PACKED_GRAIN_KB", "VLLM_CPU_AMX_KEEP_TILES",
-                 "VLLM_CPU_AMX_INPUT_AHEAD", "VLLM_CPU_AMX_MIN_KB"):
+                 "VLLM_CPU_AMX_INPUT_AHEAD"):
         monkeypatch.delenv(name, raising=False)
     changed = {"l2": ("VLLM_CPU_AMX_PREFETCH", "1"), "0": ("VLLM_CPU_AMX_PREFETCH", "0"),
                "grain32": ("VLLM_CPU_PACKED_GRAIN_KB", "32"),
                "grain1": ("VLLM_CPU_PACKED_GRAIN_KB", "1"),
                "keep": ("VLLM_CPU_AMX_KEEP_TILES", "1"),
                "ahead0": ("VLLM_CPU_AMX_INPUT_AHEAD", "0"),
-               "ahead64": ("VLLM_CPU_AMX_INPUT_AHEAD", "64"),
-               "minkb": ("VLLM_CPU_AMX_MIN_KB", "1024")}.get(setting)
+               "ahead64": ("VLLM_CPU_AMX_INPUT_AHEAD", "64")}.get(setting)
     if changed is not None:
         monkeypatch.setenv(*changed)
     saved = torch.get_num_threads()
