@@ -50,16 +50,18 @@
 #       SERVE_ROUNDS=2;
 #     bash scripts/gpu_check.sh pair,serve /tmp/o;
 #     echo ALLDONE' > /tmp/o.log 2>&1 & fi
-#   (the next lease's plan, from the forty-second session (RESULTS.md): three kinds of H100
+#   (the next lease's plan, from the forty-third session (RESULTS.md): three kinds of H100
 #   host have been lent (105 MB of L3: draft-20m's batch 8 over batch 1 1.31-1.36 in runs
-#   76-78; run 79's: 1.24; 300 MB: 1.12-1.34, run 85 1.34 / 1.27 / 1.27 with batch 8 at its
-#   floor). The 105 MB host has not run the current defaults (AMX input rows prefetched 4
-#   k-steps ahead, released tiles, 8 KB grains): on it, in one call (lscpu first), three rounds
-#   of `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused
-#   DRAFT_THREADS=16 DRAFT_FORWARDS=96 DRAFT_SHAPES=draft-20m DRAFT_SETTINGS="default;ahead0:
-#   VLLM_CPU_AMX_INPUT_AHEAD=0;keep:VLLM_CPU_AMX_KEEP_TILES=1" bash scripts/gpu_check.sh draft`,
-#   then one of llama-68m and smollm2-135m. benchmark_draft.py prints the pooled reading
-#   ("== pooled": batch 8 over the median batch 1 of all settings; batch 1 runs no AMX).
+#   76-78, before the current defaults; run 79's: 1.24; 300 MB: twelve rounds with the current
+#   defaults, median 1.26, 1.18-1.34, runs 86-87 1.22-1.29). AMX on every bf16 weight of 8+
+#   rows stays: small weights on the AVX512 tiles made batch 8 1.16-1.23x slower (run 86).
+#   Not yet measured: the bar at 8 threads (the start-up pick read 8 for llama-68m once;
+#   run88 in the forty-third session was refused): `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16
+#   DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=8,16 DRAFT_FORWARDS=64 bash
+#   scripts/gpu_check.sh draft`, two rounds; on the 105 MB host, three rounds of the same with
+#   DRAFT_THREADS=16 DRAFT_FORWARDS=96 DRAFT_SHAPES=draft-20m. benchmark_draft.py prints the
+#   pooled reading ("== pooled": batch 8 over the median batch 1 of all settings; batch 1
+#   runs no AMX).
 #   A later call on the same warm machine must first stop the earlier call's background job
 #   (its pid file): run 84 timed while run 83's pair stage built and trained, and was lost.
 #   The controller on the GPU pair is done (run 85, 3 rounds: 4.24x plain against 4.29x for
