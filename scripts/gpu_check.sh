@@ -57,9 +57,9 @@
 #   rows stays: small weights on the AVX512 tiles made batch 8 1.16-1.23x slower (run 86).
 #   Not measured with the current defaults: the bar at 8 threads (the start-up pick read 8
 #   for draft-20m in 7 rounds of runs 80-84, for llama-68m in run 86; run 71, before them:
-#   1.27, 1.26, SmolLM2 1.12; run 88 of the forty-third session was refused): `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16
-#   DRAFT_STEPS=4 DRAFT_PATHS=fused DRAFT_THREADS=8,16 DRAFT_FORWARDS=64 bash
-#   scripts/gpu_check.sh draft`, two rounds; on the 105 MB host, three rounds of the same with
+#   1.27, 1.26, SmolLM2 1.12; run 88 of the forty-third session never got a machine):
+#   `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused
+#   DRAFT_THREADS=8,16 DRAFT_FORWARDS=64 bash scripts/gpu_check.sh draft`, two rounds; on the 105 MB host, three rounds of the same with
 #   DRAFT_THREADS=16 DRAFT_FORWARDS=96 DRAFT_SHAPES=draft-20m. benchmark_draft.py prints the
 #   pooled reading ("== pooled": batch 8 over the median batch 1 of all settings; batch 1
 #   runs no AMX).
