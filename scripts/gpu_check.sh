@@ -59,10 +59,10 @@
 #   for draft-20m in 7 rounds of runs 80-84, for llama-68m in run 86; run 71, before them:
 #   1.27, 1.26, SmolLM2 1.12; run 88 of the forty-third session never got a machine):
 #   `HOST_ONLY=1 DRAFT_HOLD=1 DRAFT_CONTEXT=16 DRAFT_STEPS=4 DRAFT_PATHS=fused
-#   DRAFT_THREADS=8,16 DRAFT_FORWARDS=64 bash scripts/gpu_check.sh draft`, two rounds; on the 105 MB host, three rounds of the same with
-#   DRAFT_THREADS=16 DRAFT_FORWARDS=96 DRAFT_SHAPES=draft-20m. benchmark_draft.py prints the
-#   pooled reading ("== pooled": batch 8 over the median batch 1 of all settings; batch 1
-#   runs no AMX).
+#   DRAFT_THREADS=8,16 DRAFT_FORWARDS=64 bash scripts/gpu_check.sh draft`, two rounds; on the
+#   105 MB host, three rounds of the same with DRAFT_THREADS=16 DRAFT_FORWARDS=96
+#   DRAFT_SHAPES=draft-20m. benchmark_draft.py prints the pooled reading ("== pooled": batch 8
+#   over the median batch 1 of all settings; batch 1 runs no AMX).
 #   A later call on the same warm machine must first stop the earlier call's background job
 #   (its pid file): run 84 timed while run 83's pair stage built and trained, and was lost.
 #   The controller on the GPU pair is done (run 85, 3 rounds: 4.24x plain against 4.29x for
